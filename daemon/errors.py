@@ -1,0 +1,86 @@
+"""One exception hierarchy for edgepilot.
+
+Every message says what went wrong *and* what an operator can do next. Callers map these to
+HTTP statuses / MQTT error replies by type, never by parsing message text.
+"""
+
+from __future__ import annotations
+
+
+class EdgepilotError(Exception):
+    """Base of every error edgepilot raises on purpose.
+
+    ``code`` is a stable machine-readable identifier used in HTTP and MQTT error replies;
+    ``field`` names the offending input field (dotted path) when there is one.
+    """
+
+    code = "internal"
+    http_status = 500
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class ConfigError(EdgepilotError):
+    """The configuration file or a CLI flag is invalid."""
+
+    code = "config_invalid"
+    http_status = 400
+
+
+class BoardError(EdgepilotError):
+    """Reading or writing the board's sysfs/procfs failed in a way that needs attention."""
+
+    code = "board_error"
+    http_status = 500
+
+
+class ProfileError(EdgepilotError):
+    """A DVFS profile is invalid for this board or could not be applied (and was rolled back)."""
+
+    code = "profile_error"
+    http_status = 409
+
+
+class BackendError(EdgepilotError):
+    """An inference runtime is missing, refused a model/segment, or failed while running it."""
+
+    code = "backend_error"
+    http_status = 500
+
+
+class ModelError(EdgepilotError):
+    """A model is unknown, unverifiable, too big for the memory budget or outside the model dir."""
+
+    code = "model_error"
+    http_status = 400
+
+
+class PlanError(EdgepilotError):
+    """The dispatcher could not build, check or apply a plan."""
+
+    code = "plan_error"
+    http_status = 500
+
+
+class CommandError(EdgepilotError):
+    """A command (HTTP or MQTT) was malformed: unknown verb, bad field, oversize payload."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class NotFoundError(CommandError):
+    """The command names something that does not exist (a model, a profile, a verb)."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class BusyError(EdgepilotError):
+    """A queue limit was reached; the caller should retry later."""
+
+    code = "busy"
+    http_status = 503

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Build (once) and print the path of a llama-cpp-python wheel compiled with portable flags.
+#
+# Why a project-owned wheelhouse: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, so a
+# native build cached earlier would be silently reused. We key ours by version + flags instead.
+#   LLAMA_CPP_VERSION   version to build (default pinned below)
+#   LLAMA_CMAKE_ARGS    cmake flags (default portable: -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF)
+#   EDGEPILOT_WHEELHOUSE  where wheels are kept (default ~/.cache/edgepilot/wheelhouse)
+# On a board, build native for speed:  LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" scripts/llama-wheel.sh
+set -euo pipefail
+version="${LLAMA_CPP_VERSION:-0.3.36}"
+flags="${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}"
+python="${PYTHON:-python3}"
+key=$(printf '%s|%s|%s|%s' "$version" "$flags" "$(uname -m)" "$("$python" -c 'import sys;print(sys.implementation.cache_tag)')" | sha256sum | cut -c1-16)
+house="${EDGEPILOT_WHEELHOUSE:-$HOME/.cache/edgepilot/wheelhouse}/llama-cpp-python-$version-$key"
+mkdir -p "$house"
+wheel=$(ls "$house"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
+if [ -z "$wheel" ]; then
+  echo "building llama-cpp-python $version with CMAKE_ARGS='$flags' (several minutes, once) -> $house" >&2
+  tmp=$(mktemp -d)
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    "$python" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    -w "$tmp" "llama-cpp-python==$version" >&2
+  mv "$tmp"/llama_cpp_python-*.whl "$house"/
+  rm -rf "$tmp"
+  printf '%s\n' "$flags" > "$house/FLAGS"
+  wheel=$(ls "$house"/llama_cpp_python-*.whl | head -n1)
+fi
+printf '%s\n' "$wheel"
