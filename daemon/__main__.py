@@ -1,0 +1,3 @@
+from edgepilot.cli import main
+
+raise SystemExit(main())

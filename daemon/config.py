@@ -1,0 +1,282 @@
+"""The daemon's configuration: one TOML file validated by pydantic models.
+
+Every field has a limit and a description; unknown keys are rejected with their dotted path.
+Each capability owns its section model here so that there is exactly one place config is loaded.
+CLI global flags (``--sysfs-root``, ``--state-dir``, ``--model-dir``) override the file.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edgepilot.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/edgepilot/edgepilot.toml")
+
+
+def default_state_dir() -> Path:
+    """systemd's ``$STATE_DIRECTORY`` under the unit, else a per-user state dir."""
+    if env := os.environ.get("STATE_DIRECTORY"):
+        return Path(env.split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "edgepilot"
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DaemonSection(Section):
+    state_dir: Path | None = Field(
+        None, description="Where journals, plan cache, spool and demo models live "
+        "(default: $STATE_DIRECTORY, else ~/.local/state/edgepilot).")
+    model_dir: Path | None = Field(
+        None, description="Directory models are loaded from (default: <state_dir>/models).")
+    sysfs_root: Path = Field(Path("/"), description="Root under which /sys and /proc are read.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log verbosity.")
+    drain_timeout_s: float = Field(
+        10.0, ge=0.1, le=300, description="How long SIGTERM waits for in-flight work to finish.")
+    demo_models: bool = Field(
+        True, description="Generate small demo models (GGUF, ONNX) into the model dir when no "
+        "model is configured and the dir is empty.")
+
+
+class HttpSection(Section):
+    host: str = Field("127.0.0.1", min_length=1, max_length=255,
+                      description="Address the HTTP API binds (loopback unless told otherwise).")
+    port: int = Field(8470, ge=0, le=65535, description="HTTP port (0 picks a free one).")
+    token: str | None = Field(
+        None, min_length=8, max_length=4096,
+        description="Bearer token required by mutating endpoints; unset = no auth (loopback).")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=1024**3,
+                                description="Largest request body accepted.")
+    max_queue: int = Field(32, ge=1, le=10_000,
+                           description="Requests waiting per device before 503.")
+
+
+class DvfsSection(Section):
+    profile: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="Profile applied at start and restored at stop (see `edgepilot profile list`).")
+    profile_dirs: list[Path] = Field(
+        default_factory=list, max_length=16,
+        description="Extra directories of profile TOML files, searched before the built-ins.")
+    command_timeout_s: float = Field(
+        10.0, ge=0.1, le=120, description="Timeout for nvpmodel/jetson_clocks.")
+
+
+class TelemetrySection(Section):
+    sample_interval_s: float = Field(1.0, ge=0.1, le=3600,
+                                     description="Sampling period (0.1 s = 10 Hz at most).")
+    publish_interval_s: float = Field(5.0, ge=0.1, le=3600,
+                                      description="MQTT telemetry publish period.")
+
+
+class MqttTlsSection(Section):
+    ca_file: Path | None = Field(None, description="CA bundle to verify the broker.")
+    cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
+    key_file: Path | None = Field(None, description="Client private key (mutual TLS).")
+    insecure: bool = Field(False, description="Skip hostname verification (testing only).")
+
+
+class MqttSection(Section):
+    enabled: bool = Field(True, description="Connect to the broker (retries forever, never blocks).")
+    host: str = Field("localhost", min_length=1, max_length=255, description="Broker host.")
+    port: int = Field(1883, ge=1, le=65535, description="Broker port.")
+    protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT protocol version.")
+    device_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128,
+                           pattern=r"^[A-Za-z0-9_.-]+$",
+                           description="This board's name in topics (default: hostname).")
+    client_id: str | None = Field(None, max_length=128,
+                                  description="MQTT client id (default: edgepilot-<device_id>).")
+    username: str | None = Field(None, max_length=256, description="Broker username.")
+    password: str | None = Field(None, max_length=1024, description="Broker password.")
+    tls: MqttTlsSection | None = Field(None, description="TLS settings; absent = plain TCP.")
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive.")
+    qos: Literal[0, 1, 2] = Field(1, description="QoS for telemetry, events and replies.")
+    topic_prefix: str = Field("edgepilot", min_length=1, max_length=64,
+                              pattern=r"^[A-Za-z0-9_/-]+$", description="First topic level.")
+    groups: list[str] = Field(default_factory=list, max_length=64,
+                              description="Fleet groups: <prefix>/group/<g>/cmd/<verb> is handled.")
+    buffer_size: int = Field(10_000, ge=10, le=10_000_000,
+                             description="Messages kept while the broker is away (oldest dropped).")
+    spool: bool = Field(False, description="Also spool the buffer to the state dir across restarts.")
+    max_payload_bytes: int = Field(256 * 1024, ge=256, le=64 * 1024 * 1024,
+                                   description="Largest command payload accepted.")
+    reconnect_min_s: float = Field(1.0, ge=0.05, le=60, description="First reconnect delay.")
+    reconnect_max_s: float = Field(60.0, ge=0.1, le=3600, description="Reconnect backoff cap.")
+    homeassistant_discovery: bool = Field(False, description="Publish Home Assistant discovery.")
+    homeassistant_prefix: str = Field("homeassistant", min_length=1, max_length=64,
+                                      description="Home Assistant discovery prefix.")
+
+
+class OnnxRuntimeSection(Section):
+    providers: list[str] | None = Field(
+        None, max_length=16,
+        description="Execution providers to offer as devices (default: every available one).")
+    provider_options: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="Per-provider options, e.g. QNNExecutionProvider = {backend_path = ...}.")
+    intra_op_threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
+
+
+class TfliteSection(Section):
+    delegates: dict[str, Path] = Field(
+        default_factory=dict, description="External delegates by device name -> .so path.")
+    threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
+
+
+class ArmnnSection(Section):
+    preferred: list[Literal["CpuAcc", "GpuAcc", "CpuRef"]] = Field(
+        default_factory=lambda: ["CpuAcc", "GpuAcc", "CpuRef"], min_length=1,
+        description="Arm NN backend preference order.")
+
+
+class LlamacppSection(Section):
+    n_ctx: int = Field(2048, ge=16, le=1 << 20, description="Default context length.")
+    n_threads: int = Field(0, ge=0, le=256, description="0 = number of cores.")
+    n_gpu_layers: int = Field(0, ge=-1, le=10_000, description="-1 = all layers on the GPU.")
+    use_mmap: bool = Field(True, description="Memory-map weights.")
+    use_mlock: bool = Field(False, description="Lock weights in RAM.")
+    flash_attn: bool = Field(False, description="Use flash attention when the build has it.")
+    kv_cache_type: Literal["f16", "f32", "q8_0", "q4_0"] = Field(
+        "f16", description="KV cache element type.")
+
+
+class BackendsSection(Section):
+    enabled: list[str] | None = Field(
+        None, description="Backends to use (default: every one installed).")
+    memory_budget_mb: int = Field(0, ge=0, le=1 << 22,
+                                  description="Model memory budget (0 = 80% of available RAM).")
+    onnxruntime: OnnxRuntimeSection = Field(default_factory=OnnxRuntimeSection)
+    tflite: TfliteSection = Field(default_factory=TfliteSection)
+    armnn: ArmnnSection = Field(default_factory=ArmnnSection)
+    llamacpp: LlamacppSection = Field(default_factory=LlamacppSection)
+
+
+class ModelEntry(Section):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$",
+                      description="Name used in APIs.")
+    file: Path = Field(description="File, relative to the model dir.")
+    kind: Literal["gguf", "onnx", "tflite"] | None = Field(
+        None, description="Format (default: from the file extension).")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$",
+                               description="Expected digest, verified before load.")
+    tolerance: float | None = Field(None, gt=0, le=1,
+                                    description="Output error budget (relative L2) for plans.")
+    keep_alive_s: float = Field(300.0, ge=0, le=7 * 86400,
+                                description="Idle time before the model is unloaded.")
+    n_ctx: int | None = Field(None, ge=16, le=1 << 20, description="GGUF context length.")
+    load_at_start: bool = Field(True, description="Load when the daemon starts.")
+
+
+class DispatchSection(Section):
+    enabled: bool = Field(True, description="Plan tensor models per layer (else one target).")
+    tolerance: float = Field(0.05, gt=0, le=1,
+                             description="Default output error budget (relative L2 error).")
+    profile_runs: int = Field(7, ge=1, le=1000, description="Timed runs per (layer, target).")
+    warmup_runs: int = Field(2, ge=0, le=100, description="Untimed runs first.")
+    drift_threshold: float = Field(0.5, gt=0, le=100,
+                                   description="Relative observed/predicted drift that replans.")
+    hysteresis: float = Field(0.05, ge=0, le=1,
+                              description="Predicted gain a replan must beat to be applied.")
+    targets: list[str] | None = Field(
+        None, description="Targets the planner may use, 'backend/device/precision' (default: all).")
+
+
+class Config(Section):
+    """The whole configuration file."""
+
+    daemon: DaemonSection = Field(default_factory=DaemonSection)
+    http: HttpSection = Field(default_factory=HttpSection)
+    dvfs: DvfsSection = Field(default_factory=DvfsSection)
+    telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
+    mqtt: MqttSection = Field(default_factory=MqttSection)
+    backends: BackendsSection = Field(default_factory=BackendsSection)
+    models: list[ModelEntry] = Field(default_factory=list, max_length=256)
+    dispatch: DispatchSection = Field(default_factory=DispatchSection)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_names(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        names = [m.name for m in models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique; repeated: {', '.join(dupes)}")
+        return models
+
+    @property
+    def state_dir(self) -> Path:
+        return self.daemon.state_dir or default_state_dir()
+
+    @property
+    def model_dir(self) -> Path:
+        return self.daemon.model_dir or self.state_dir / "models"
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """Name each failing key by its dotted path, with pydantic's message of what is allowed."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key '{path}'")
+        else:
+            lines.append(f"{source}: '{path}': {err['msg']}")
+    return "\n".join(lines)
+
+
+def first_error_field(exc: ValidationError) -> str | None:
+    errs = exc.errors()
+    return ".".join(str(p) for p in errs[0]["loc"]) if errs else None
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> Config:
+    """Validate a parsed TOML document; raise ConfigError naming every bad key."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source),
+                          field=first_error_field(exc)) from None
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load ``path`` (or the embedded default when None) and apply ``daemon`` overrides.
+
+    ``overrides`` maps DaemonSection field names (state_dir, model_dir, sysfs_root) to values
+    from CLI flags; None values are ignored.
+    """
+    data: dict[str, Any] = {}
+    source = "embedded default"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist; create it (see "
+                              "systemd/edgepilot.toml.example) or omit --config") from None
+        except PermissionError:
+            raise ConfigError(f"config file {path} is not readable by this user") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data.setdefault("daemon", {})[key] = str(value)
+    return parse_config(data, source)
+
+
+def resolve_config_path(cli_path: Path | None) -> Path | None:
+    """--config wins; else the system file when it exists; else the embedded default (None)."""
+    if cli_path is not None:
+        return cli_path
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None

@@ -1,0 +1,35 @@
+"""``POST /v1/commands/{verb}``: every registered command over HTTP, same replies as MQTT."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from edgepilot.commands import reply_for
+from edgepilot.errors import CommandError
+from edgepilot.http.auth import require_token
+
+router = APIRouter()
+
+
+@router.get("/v1/commands", summary="Registered command verbs")
+async def list_commands(request: Request) -> dict[str, Any]:
+    reg = request.app.state.daemon.commands
+    return {"verbs": [{"verb": v, "mutating": reg.get(v).mutating, "summary": reg.get(v).summary}
+                      for v in reg.verbs()]}
+
+
+@router.post("/v1/commands/{verb}", summary="Run a command (the MQTT cmd/<verb> equivalent)")
+async def run_command(verb: str, request: Request) -> dict[str, Any]:
+    daemon = request.app.state.daemon
+    raw = await request.body()
+    try:
+        payload = json.loads(raw) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CommandError(f"body is not JSON: {exc}", field="body") from None
+    cmd = daemon.commands.get(verb)
+    if cmd.mutating:
+        require_token(request)
+    return reply_for(await daemon.commands.execute(daemon, verb, payload))

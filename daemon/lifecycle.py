@@ -1,0 +1,227 @@
+"""The daemon: one asyncio loop, services started in order and stopped in reverse.
+
+Capabilities attach themselves through ``attach(daemon) -> list[Service]`` functions listed in
+:data:`CAPABILITIES`; each sets its attribute on the daemon (``daemon.board`` ...), registers its
+commands on ``daemon.commands`` and returns the services to start. HTTP starts first (so
+``/healthz`` answers during start-up, ``/readyz`` says why it is not ready yet), READY=1 is sent
+once every service started. SIGTERM/SIGINT stop intake, drain with a deadline, stop services in
+reverse order and exit 0; SIGHUP reloads the config (an invalid one is kept out and logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from prometheus_client import CollectorRegistry, Gauge, Info
+
+from edgepilot import __version__
+from edgepilot.commands import CommandRegistry
+from edgepilot.config import Config, load_config
+from edgepilot.errors import ConfigError, EdgepilotError
+from edgepilot.events import EventBus
+from edgepilot.sdnotify import Notifier, watchdog_interval_s
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Order matters: start in this order, stop in reverse (MQTT says "offline" before the board is
+# restored; models unload before DVFS is put back).
+CAPABILITIES: list[str] = [
+    "edgepilot.status",
+    "edgepilot.dvfs.service",
+    "edgepilot.models.service",
+    "edgepilot.dispatch.service",
+    "edgepilot.telemetry.service",
+    "edgepilot.mqtt.service",
+]
+
+
+@runtime_checkable
+class Service(Protocol):
+    """Something with a start and a stop. ``stop`` must be safe to call after a failed start."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Daemon:
+    """Holds the config and every component; owns the loop's lifecycle."""
+
+    def __init__(self, config: Config, config_path: Path | None = None,
+                 http_host: str | None = None, http_port: int | None = None,
+                 overrides: dict[str, Any] | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        # CLI flags (--state-dir ...) keep winning over the file across SIGHUP reloads
+        self.overrides = dict(overrides or {})
+        self.http_host = http_host or config.http.host
+        self.http_port = http_port if http_port is not None else config.http.port
+        self.started_at = time.time()
+        self.commands = CommandRegistry()
+        self.events = EventBus()
+        self.metrics = CollectorRegistry(auto_describe=True)
+        self.notifier = Notifier()
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(4, (os.cpu_count() or 2) * 2), thread_name_prefix="edgepilot")
+        # component -> reason it is not ready (absent or None = ready)
+        self.readiness: dict[str, str | None] = {"daemon": "starting"}
+        self.services: list[Service] = []
+        self.stopping = False
+        self._stop_event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Set by capabilities in attach(); typed loosely to keep modules decoupled.
+        self.board: Any = None
+        self.profiles: Any = None
+        self.telemetry: Any = None
+        self.mqtt: Any = None
+        self.models: Any = None
+        self.dispatcher: Any = None
+        self.http_server: Any = None
+        Info("edgepilot_build", "edgepilot version", registry=self.metrics).info(
+            {"version": __version__})
+        self._up = Gauge("edgepilot_up", "1 while the daemon is serving", registry=self.metrics)
+
+    # ---- helpers for components -------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("daemon loop not running")
+        return self._loop
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work (sysfs, native inference) off the loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def set_ready(self, component: str, reason: str | None = None) -> None:
+        """Mark a component ready (reason None) or not ready with an operator-readable reason."""
+        self.readiness[component] = reason
+
+    def not_ready_reasons(self) -> dict[str, str]:
+        return {k: v for k, v in self.readiness.items() if v}
+
+    @property
+    def state_dir(self) -> Path:
+        return self.config.state_dir
+
+    @property
+    def model_dir(self) -> Path:
+        return self.config.model_dir
+
+    def attach_capabilities(self) -> None:
+        for modname in CAPABILITIES:
+            module = importlib.import_module(modname)
+            services = module.attach(self)
+            self.services.extend(services or [])
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT; return the process exit code."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._install_signals()
+        from edgepilot.http.server import HttpServer
+
+        self.attach_capabilities()
+        self.http_server = HttpServer(self, self.http_host, self.http_port)
+        await self.http_server.start()
+        self.notifier.notify(f"STATUS=starting; HTTP on {self.http_server.url}")
+        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+        started: list[Service] = []
+        code = 0
+        try:
+            for svc in self.services:
+                log.info("starting %s", svc.name)
+                self.notifier.notify(f"STATUS=starting {svc.name}")
+                await svc.start()
+                started.append(svc)
+            self.set_ready("daemon", None)
+            self._up.set(1)
+            self.notifier.notify("READY=1", f"STATUS=serving on {self.http_server.url}")
+            log.info("edgepilot %s serving on %s", __version__, self.http_server.url)
+            await self._stop_event.wait()
+        except EdgepilotError as exc:
+            log.error("start-up failed: %s", exc.message)
+            self.notifier.notify(f"STATUS=start-up failed: {exc.message}")
+            code = 1
+        finally:
+            self.stopping = True
+            self._up.set(0)
+            self.notifier.notify("STOPPING=1", "STATUS=stopping")
+            await self._shutdown(started)
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.notifier.close()
+        return code
+
+    def request_stop(self) -> None:
+        if self._stop_event is not None and not self._stop_event.is_set():
+            log.info("stop requested")
+            self._stop_event.set()
+
+    async def _shutdown(self, started: list[Service]) -> None:
+        deadline = time.monotonic() + self.config.daemon.drain_timeout_s
+        if self.http_server is not None:
+            await self.http_server.stop(timeout=max(0.1, deadline - time.monotonic()))
+        for svc in reversed(started):
+            remaining = max(0.5, deadline - time.monotonic())
+            try:
+                await asyncio.wait_for(svc.stop(), timeout=remaining)
+            except TimeoutError:
+                log.error("%s did not stop within %.1fs; continuing shutdown", svc.name, remaining)
+            except Exception:
+                log.exception("stopping %s failed; continuing shutdown", svc.name)
+
+    def _install_signals(self) -> None:
+        loop = self.loop
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+
+    async def _watchdog(self) -> None:
+        # Pinged from the loop itself, so a loop stuck in blocking code misses pings and
+        # systemd restarts us.
+        interval = watchdog_interval_s()
+        if interval is None:
+            return
+        while True:
+            self.notifier.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def reload(self) -> bool:
+        """Re-read the config file; keep the old config when the new one is invalid."""
+        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            new = load_config(self.config_path, self.overrides)
+        except ConfigError as exc:
+            log.error("reload rejected, keeping the running config: %s", exc.message)
+            self.events.emit("config.rejected", message=exc.message)
+            self.notifier.notify("READY=1", "STATUS=reload rejected; serving with old config")
+            return False
+        old, self.config = self.config, new
+        for svc in self.services:
+            hook = getattr(svc, "reload", None)
+            if hook is not None:
+                try:
+                    await hook(old, new)
+                except EdgepilotError as exc:
+                    log.error("%s could not apply the new config: %s", svc.name, exc.message)
+        self.events.emit("config.reloaded")
+        self.notifier.notify("READY=1", "STATUS=serving (config reloaded)")
+        log.info("config reloaded")
+        return True

@@ -1,0 +1,1 @@
+"""edgepilot.models"""
