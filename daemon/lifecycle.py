@@ -30,6 +30,7 @@ from edgepilot.config import Config, load_config
 from edgepilot.errors import ConfigError, EdgepilotError
 from edgepilot.events import EventBus
 from edgepilot.sdnotify import Notifier, watchdog_interval_s
+from edgepilot.telemetry.work import WorkMeter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class Daemon:
         self.started_at = time.time()
         self.commands = CommandRegistry()
         self.events = EventBus()
+        # serving code records each finished request here; telemetry reads it
+        self.work = WorkMeter()
         self.metrics = CollectorRegistry(auto_describe=True)
         self.notifier = Notifier()
         self.executor = concurrent.futures.ThreadPoolExecutor(
