@@ -13,9 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from edgepilot.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgepilot/edgepilot.toml")
 
@@ -89,7 +88,8 @@ class MqttTlsSection(Section):
 
 
 class MqttSection(Section):
-    enabled: bool = Field(True, description="Connect to the broker (retries forever, never blocks).")
+    enabled: bool = Field(True,
+                          description="Connect to the broker (retries forever, never blocks).")
     host: str = Field("localhost", min_length=1, max_length=255, description="Broker host.")
     port: int = Field(1883, ge=1, le=65535, description="Broker port.")
     protocol: Literal["5", "3.1.1"] = Field("5", description="MQTT protocol version.")
@@ -107,9 +107,10 @@ class MqttSection(Section):
                               pattern=r"^[A-Za-z0-9_/-]+$", description="First topic level.")
     groups: list[str] = Field(default_factory=list, max_length=64,
                               description="Fleet groups: <prefix>/group/<g>/cmd/<verb> is handled.")
-    buffer_size: int = Field(10_000, ge=10, le=10_000_000,
-                             description="Messages kept while the broker is away (oldest dropped).")
-    spool: bool = Field(False, description="Also spool the buffer to the state dir across restarts.")
+    buffer_size: int = Field(
+        10_000, ge=10, le=10_000_000,
+        description="Messages kept while the broker is away (oldest dropped).")
+    spool: bool = Field(False, description="Also spool the buffer to the state dir.")
     max_payload_bytes: int = Field(256 * 1024, ge=256, le=64 * 1024 * 1024,
                                    description="Largest command payload accepted.")
     reconnect_min_s: float = Field(1.0, ge=0.05, le=60, description="First reconnect delay.")
@@ -135,9 +136,13 @@ class TfliteSection(Section):
     threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
 
 
+ArmnnDevice = Literal["CpuAcc", "GpuAcc", "CpuRef"]
+ARMNN_DEVICES: tuple[ArmnnDevice, ...] = ("CpuAcc", "GpuAcc", "CpuRef")
+
+
 class ArmnnSection(Section):
-    preferred: list[Literal["CpuAcc", "GpuAcc", "CpuRef"]] = Field(
-        default_factory=lambda: ["CpuAcc", "GpuAcc", "CpuRef"], min_length=1,
+    preferred: list[ArmnnDevice] = Field(
+        default_factory=lambda: list(ARMNN_DEVICES), min_length=1,
         description="Arm NN backend preference order.")
 
 

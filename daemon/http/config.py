@@ -1,0 +1,29 @@
+"""``GET /v1/config``: the effective configuration, secrets redacted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+router = APIRouter()
+
+SECRET_KEYS = {"token", "password"}
+
+
+def redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: ("***" if k in SECRET_KEYS and v else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+@router.get("/v1/config", summary="Effective configuration (secrets redacted)")
+async def get_config(request: Request) -> dict[str, Any]:
+    daemon = request.app.state.daemon
+    data = daemon.config.model_dump(mode="json")
+    data["daemon"]["state_dir"] = str(daemon.state_dir)
+    data["daemon"]["model_dir"] = str(daemon.model_dir)
+    return {"path": str(daemon.config_path) if daemon.config_path else None,
+            "config": redact(data)}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages the tests need: a real MQTT broker and clients, Arm NN (CpuRef + TfLite parser),
+# systemd-analyze for unit verification. Idempotent: does nothing when all are present.
+set -euo pipefail
+pkgs=(mosquitto mosquitto-clients python3-pyarmnn libarmnn-cpuref-backend22
+      libarmnntfliteparser22 systemd)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "installing: ${missing[*]}" >&2
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
