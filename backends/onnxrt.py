@@ -1,0 +1,249 @@
+"""ONNX Runtime backend: every available execution provider is a device.
+
+Devices are short provider names (``cpu``, ``xnnpack``, ``qnn``, ``cuda`` ...). Precisions per
+device are what that provider actually runs: on ``cpu`` fp32, int8 (dynamic quantization, the
+fast int8 path of the CPU EP) and int4 (weight-only ``MatMulNBits``); NPU-style providers get
+QDQ int8; GPU providers fp16. ``supports`` builds the session with CPU fallback *disabled* for
+any device that is not ``cpu`` itself, so "supported" means every node runs there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from edgepilot.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Executable,
+    Segment,
+    Support,
+    Target,
+    TensorSpec,
+)
+from edgepilot.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+# provider -> short device name; Azure is a remote-call EP, never a local device
+PROVIDER_DEVICES: dict[str, str] = {
+    "CPUExecutionProvider": "cpu",
+    "XnnpackExecutionProvider": "xnnpack",
+    "QNNExecutionProvider": "qnn",
+    "NnapiExecutionProvider": "nnapi",
+    "ArmNNExecutionProvider": "armnn",
+    "ACLExecutionProvider": "acl",
+    "CUDAExecutionProvider": "cuda",
+    "TensorrtExecutionProvider": "tensorrt",
+    "DnnlExecutionProvider": "dnnl",
+    "OpenVINOExecutionProvider": "openvino",
+    "CoreMLExecutionProvider": "coreml",
+    "RknpuExecutionProvider": "rknpu",
+    "WebGpuExecutionProvider": "webgpu",
+}
+DEVICE_PROVIDERS = {v: k for k, v in PROVIDER_DEVICES.items()}
+
+# precision -> variant recipe, per device; devices not listed get fp32 only
+DEVICE_PRECISIONS: dict[str, dict[str, str]] = {
+    "cpu": {"fp32": "fp32", "int8": "int8-dynamic", "int4": "int4"},
+    "xnnpack": {"fp32": "fp32", "int8": "int8-qdq"},
+    "qnn": {"int8": "int8-qdq", "fp16": "fp16"},
+    "nnapi": {"fp32": "fp32", "int8": "int8-qdq"},
+    "armnn": {"fp32": "fp32"},
+    "acl": {"fp32": "fp32", "int8": "int8-qdq"},
+    "cuda": {"fp32": "fp32", "fp16": "fp16", "int4": "int4"},
+    "tensorrt": {"fp32": "fp32", "fp16": "fp16"},
+    "dnnl": {"fp32": "fp32", "int8": "int8-dynamic"},
+    "openvino": {"fp32": "fp32", "int8": "int8-qdq"},
+}
+
+_NP_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16",
+             "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",
+             "tensor(uint8)": "uint8", "tensor(bool)": "bool", "tensor(double)": "float64"}
+
+
+class OrtExecutable(Executable):
+    """A warm ``InferenceSession`` for one segment on one target."""
+
+    def __init__(self, session: Any, target: Target, size_bytes: int) -> None:
+        self._session = session
+        self.target = target
+        self._size = size_bytes
+        self.inputs = [TensorSpec(i.name, _NP_TYPES.get(i.type, i.type), tuple(i.shape))
+                       for i in session.get_inputs()]
+        self.outputs = [TensorSpec(o.name, _NP_TYPES.get(o.type, o.type), tuple(o.shape))
+                        for o in session.get_outputs()]
+        self._in_names = [i.name for i in self.inputs]
+        self._out_names = [o.name for o in self.outputs]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            feed = {n: inputs[n] for n in self._in_names}
+        except KeyError as exc:
+            raise BackendError(f"input tensor {exc.args[0]!r} missing; this segment needs "
+                               f"{', '.join(self._in_names)}", field="inputs") from None
+        try:
+            values = self._session.run(self._out_names, feed)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime failed on {self.target}: {exc}") from None
+        return dict(zip(self._out_names, values, strict=True))
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        self._session = None
+
+
+class OnnxRuntimeBackend(Backend):
+    """``onnxruntime`` with each available execution provider as a device.
+
+    ``settings`` is the ``[backends.onnxruntime]`` section (providers, provider_options,
+    intra_op_threads). ``cache_dir`` is where quantized variants are kept (the dispatcher points
+    it into the state dir); None keeps them in memory only for this process.
+    """
+
+    name = "onnxruntime"
+
+    def __init__(self, settings: Any = None, cache_dir: Path | None = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise BackendUnavailable(f"onnxruntime is not installed ({exc}); "
+                                     "pip install 'edgepilot[onnx]'") from None
+        from edgepilot.backends.onnxrt_variants import VariantCache
+
+        self._ort = ort
+        self.settings = settings
+        self._variants = VariantCache(cache_dir, ort.__version__)
+        self._models: dict[tuple[str, int, int], Any] = {}
+        self._support: dict[tuple[str, str], Support] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def cache_dir(self) -> Path | None:
+        return self._variants.directory
+
+    @cache_dir.setter
+    def cache_dir(self, value: Path | None) -> None:
+        self._variants.directory = value
+
+    def version(self) -> str | None:
+        return str(self._ort.__version__)
+
+    # ---- probe ---------------------------------------------------------------------------------
+    def devices(self) -> list[str]:
+        """Short names of the providers available here (filtered by ``providers`` setting)."""
+        available = self._ort.get_available_providers()
+        wanted = getattr(self.settings, "providers", None)
+        out = []
+        for prov in available:
+            dev = PROVIDER_DEVICES.get(prov)
+            if dev is None:
+                continue
+            if wanted is not None and prov not in wanted and dev not in wanted:
+                continue
+            out.append(dev)
+        return out
+
+    def probe(self) -> list[Target]:
+        return [Target(self.name, dev, prec) for dev in self.devices()
+                for prec in DEVICE_PRECISIONS.get(dev, {"fp32": "fp32"})]
+
+    # ---- segments ------------------------------------------------------------------------------
+    def _load(self, path: Path) -> Any:
+        import onnx
+
+        st = path.stat()
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        with self._lock:
+            model = self._models.get(key)
+            if model is None:
+                try:
+                    model = onnx.load(str(path))
+                except Exception as exc:
+                    raise BackendError(f"{path} is not a loadable ONNX model: {exc}",
+                                       field="model") from None
+                self._models = {key: model}  # keep one: segments of one model come in runs
+        return model
+
+    def segment_model(self, segment: Segment) -> Any:
+        """The fp32 ONNX graph of ``segment`` (the file itself for a whole-model segment)."""
+        from edgepilot.backends.onnxrt_variants import extract
+
+        model = self._load(Path(segment.model_path))
+        if segment.is_whole:
+            return model
+        return extract(model, segment.inputs, segment.outputs)
+
+    def _recipe(self, target: Target) -> str:
+        if target.backend != self.name:
+            raise BackendError(f"target {target} is not an onnxruntime target", field="target")
+        precisions = DEVICE_PRECISIONS.get(target.device, {"fp32": "fp32"})
+        if target.precision not in precisions:
+            raise BackendError(
+                f"precision {target.precision!r} is not offered on onnxruntime/{target.device}; "
+                f"allowed: {', '.join(precisions)}", field="precision")
+        return precisions[target.precision]
+
+    def _session(self, data: bytes, device: str, strict: bool) -> Any:
+        ort = self._ort
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        threads = getattr(self.settings, "intra_op_threads", 0) or 0
+        if threads:
+            opts.intra_op_num_threads = threads
+        opts.log_severity_level = 3
+        provider = DEVICE_PROVIDERS[device]
+        if strict and device != "cpu":
+            # no silent CPU fallback: a node the provider does not take fails the session
+            opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        popts = getattr(self.settings, "provider_options", {}) or {}
+        options = dict(popts.get(provider) or popts.get(device) or {})
+        return ort.InferenceSession(data, sess_options=opts, providers=[(provider, options)])
+
+    def supports(self, segment: Segment, target: Target) -> Support:
+        if segment.kind != "onnx":
+            return Support(False, f"onnxruntime runs ONNX models, not {segment.kind}")
+        if target.backend != self.name or target.device not in self.devices():
+            return Support(False, f"{target} is not available here")
+        if target.precision not in DEVICE_PRECISIONS.get(target.device, {"fp32": "fp32"}):
+            return Support(False, f"onnxruntime/{target.device} does not run "
+                                  f"{target.precision}")
+        if target.device == "cpu":
+            return Support(True)  # the CPU EP takes every standard op
+        key = (_segment_key(segment), str(target))
+        if key not in self._support:
+            try:
+                self.compile(segment, target)
+                self._support[key] = Support(True)
+            except BackendError as exc:
+                self._support[key] = Support(False, exc.message)
+        return self._support[key]
+
+    def compile(self, segment: Segment, target: Target) -> Executable:
+        if segment.kind != "onnx":
+            raise BackendError(f"onnxruntime cannot compile a {segment.kind} segment",
+                               field="segment")
+        if target.device not in self.devices():
+            raise BackendError(f"{target} is not available here; devices: "
+                               f"{', '.join(self.devices())}", field="target")
+        recipe = self._recipe(target)
+        data = self._variants.get(self.segment_model(segment), recipe)
+        try:
+            session = self._session(data, target.device, strict=True)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime refused {segment.name or 'segment'} on {target}: "
+                               f"{exc}") from None
+        return OrtExecutable(session, target, len(data))
+
+
+def _segment_key(segment: Segment) -> str:
+    h = hashlib.sha1(str(segment.model_path).encode())
+    h.update(repr((segment.inputs, segment.outputs, segment.layers)).encode())
+    return h.hexdigest()

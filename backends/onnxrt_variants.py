@@ -1,0 +1,152 @@
+"""ONNX graph surgery for the onnxruntime backend: cut a segment out, make precision variants.
+
+* :func:`extract` cuts the subgraph between a segment's input and output tensor names;
+* :func:`make_variant` turns an fp32 graph into ``int8`` (dynamic on CPU, QDQ for NPU-style
+  providers), ``int4`` (weight-only ``MatMulNBits``) or ``fp16`` (io kept fp32);
+* :class:`VariantCache` keeps every produced file in a directory keyed by the fp32 bytes, the
+  precision recipe and the onnxruntime version, so a restart does not quantize again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.utils
+from edgepilot.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+# recipe name -> (precision, quantization style); the style is part of the cache key
+RECIPES = {"fp32", "fp16", "int8-dynamic", "int8-qdq", "int4"}
+INT4_BLOCK_SIZE = 32
+
+
+def model_bytes(model: onnx.ModelProto) -> bytes:
+    return bytes(model.SerializeToString(deterministic=True))
+
+
+def extract(model: onnx.ModelProto, inputs: tuple[str, ...],
+            outputs: tuple[str, ...]) -> onnx.ModelProto:
+    """The subgraph computing ``outputs`` from ``inputs`` (initializers it needs included)."""
+    known = {vi.name for vi in model.graph.input} | {o for n in model.graph.node for o in n.output}
+    missing = [t for t in (*inputs, *outputs) if t not in known]
+    if missing:
+        raise BackendError(f"segment names tensors not in the model: {', '.join(missing)}; "
+                           "re-partition the model (the file changed?)", field="segment")
+    try:
+        sub = onnx.utils.Extractor(model).extract_model(list(inputs), list(outputs))
+    except Exception as exc:  # onnx raises bare Exceptions for unreachable outputs
+        raise BackendError(f"cannot cut segment {inputs}->{outputs}: {exc}",
+                           field="segment") from None
+    sub.ir_version = model.ir_version
+    del sub.opset_import[:]
+    sub.opset_import.extend(model.opset_import)
+    return sub
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _calibration_reader(model: onnx.ModelProto, count: int = 8) -> object:
+    from edgepilot.models.onnx_gen import sample_inputs
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it: Iterator[dict[str, np.ndarray]] = iter(
+                sample_inputs(model, seed=1234, count=count))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    return _Reader()
+
+
+def make_variant(model: onnx.ModelProto, recipe: str, workdir: Path) -> onnx.ModelProto:
+    """Produce the ``recipe`` variant of an fp32 model (see :data:`RECIPES`)."""
+    if recipe == "fp32":
+        return model
+    # the quantizers edit their input in place; never let them touch a cached fp32 graph
+    model = _copy(model)
+    if recipe == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        out: onnx.ModelProto = convert_float_to_float16(model, keep_io_types=True)
+        return out
+    if recipe == "int4":
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quant = MatMulNBitsQuantizer(model, bits=4, block_size=INT4_BLOCK_SIZE,
+                                     is_symmetric=True)
+        quant.process()
+        result: onnx.ModelProto = quant.model.model
+        return result
+    src, dst = workdir / "src.onnx", workdir / "dst.onnx"
+    onnx.save(model, str(src))
+    if recipe == "int8-dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True})
+    elif recipe == "int8-qdq":
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+        quantize_static(src, dst, _calibration_reader(model),  # type: ignore[arg-type]
+                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
+    else:
+        raise BackendError(f"unknown precision recipe {recipe!r}; allowed: "
+                           f"{', '.join(sorted(RECIPES))}", field="precision")
+    return onnx.load(str(dst))
+
+
+class VariantCache:
+    """Precision variants on disk, keyed by fp32 bytes + recipe + onnxruntime version."""
+
+    def __init__(self, directory: Path | None, runtime_version: str) -> None:
+        self.directory = directory
+        self.runtime_version = runtime_version
+        self._lock = threading.Lock()
+
+    def key(self, fp32: bytes, recipe: str) -> str:
+        h = hashlib.sha256(fp32)
+        h.update(f"|{recipe}|{self.runtime_version}|b{INT4_BLOCK_SIZE}".encode())
+        return h.hexdigest()[:32]
+
+    def get(self, model: onnx.ModelProto, recipe: str) -> bytes:
+        """Serialized ``recipe`` variant of ``model``; built once, then read from disk."""
+        raw = model_bytes(model)
+        if recipe == "fp32":
+            return raw
+        key = self.key(raw, recipe)
+        path = self.directory / f"{key}.{recipe}.onnx" if self.directory else None
+        if path is not None and path.exists():
+            return path.read_bytes()
+        with tempfile.TemporaryDirectory(prefix="edgepilot-ort-") as tmp:
+            try:
+                variant = make_variant(model, recipe, Path(tmp))
+            except BackendError:
+                raise
+            except Exception as exc:
+                raise BackendError(f"onnxruntime could not make the {recipe} variant: "
+                                   f"{type(exc).__name__}: {exc}", field="precision") from None
+        data = model_bytes(variant)
+        if path is not None:
+            with self._lock:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # write-then-rename so a crash never leaves a truncated model in the cache
+                tmp_path = path.with_suffix(f".tmp{os.getpid()}")
+                tmp_path.write_bytes(data)
+                tmp_path.replace(path)
+        return data

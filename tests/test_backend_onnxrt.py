@@ -1,0 +1,105 @@
+"""OnnxRuntimeBackend on the real onnxruntime CPU EP with generated models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from edgepilot.backends import load_backend
+from edgepilot.backends.base import Segment, Target
+from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.errors import BackendError
+from edgepilot.models import onnx_gen
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture
+def mlp(tmp_path: Path) -> Path:
+    path = tmp_path / "mlp.onnx"
+    onnx_gen.mlp_stack(path, widths=(128, 256, 256, 32), batch=4)
+    return path
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> OnnxRuntimeBackend:
+    b = load_backend("onnxruntime")
+    assert isinstance(b, OnnxRuntimeBackend)
+    b.cache_dir = tmp_path / "cache"
+    return b
+
+
+def test_probe_lists_cpu_precisions(backend: OnnxRuntimeBackend) -> None:
+    names = {str(t) for t in backend.probe()}
+    assert {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8", "onnxruntime/cpu/int4"} <= names
+    assert not any("azure" in n.lower() for n in names)
+
+
+def test_whole_model_precisions_run_and_differ(backend: OnnxRuntimeBackend, mlp: Path,
+                                               tmp_path: Path) -> None:
+    seg = Segment(mlp, "onnx", ("x",), ("y",))
+    feed = onnx_gen.sample_inputs(mlp)[0]
+    ref = backend.compile(seg, Target("onnxruntime", "cpu", "fp32")).run(feed)["y"]
+    assert ref.shape == (4, 32)
+    int8 = backend.compile(seg, Target("onnxruntime", "cpu", "int8"))
+    int4 = backend.compile(seg, Target("onnxruntime", "cpu", "int4"))
+    e8 = rel_l2(int8.run(feed)["y"], ref)
+    e4 = rel_l2(int4.run(feed)["y"], ref)
+    # quantized, so not exact; but still the same function
+    assert 0 < e8 < 0.2
+    assert 0 < e4 < 0.5
+    fp32 = backend.compile(seg, Target("onnxruntime", "cpu", "fp32"))
+    np.testing.assert_array_equal(fp32.run(feed)["y"], ref)  # fp32 graph left untouched
+    assert int4.memory_bytes < int8.memory_bytes < fp32.memory_bytes
+    # quantized variants are cached on disk and reused
+    cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert any(n.endswith(".int8-dynamic.onnx") for n in cached)
+    assert any(n.endswith(".int4.onnx") for n in cached)
+    # the int4 variant really uses MatMulNBits
+    int4_file = next(p for p in (tmp_path / "cache").iterdir() if p.name.endswith(".int4.onnx"))
+    assert "MatMulNBits" in {n.op_type for n in onnx.load(str(int4_file)).graph.node}
+
+
+def test_subgraph_segments_compose_to_the_whole(backend: OnnxRuntimeBackend, mlp: Path) -> None:
+    model = onnx.load(str(mlp))
+    cut = next(n.output[0] for n in model.graph.node if n.op_type == "Relu")
+    fp32 = Target("onnxruntime", "cpu", "fp32")
+    first = backend.compile(Segment(mlp, "onnx", ("x",), (cut,), (0, 1)), fp32)
+    second = backend.compile(Segment(mlp, "onnx", (cut,), ("y",), (1, 2)), fp32)
+    whole = backend.compile(Segment(mlp, "onnx", ("x",), ("y",)), fp32)
+    feed = onnx_gen.sample_inputs(mlp)[0]
+    mid = first.run(feed)
+    assert list(mid) == [cut]
+    np.testing.assert_allclose(second.run(mid)["y"], whole.run(feed)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_bad_requests_raise_specific_errors(backend: OnnxRuntimeBackend, mlp: Path) -> None:
+    seg = Segment(mlp, "onnx", ("x",), ("y",))
+    with pytest.raises(BackendError) as err:
+        backend.compile(seg, Target("onnxruntime", "cpu", "fp8"))
+    assert err.value.field == "precision" and "fp32" in err.value.message
+    with pytest.raises(BackendError) as err:
+        backend.compile(Segment(mlp, "onnx", ("x",), ("nope",), (0, 1)),
+                        Target("onnxruntime", "cpu", "fp32"))
+    assert "nope" in err.value.message
+    assert not backend.supports(Segment(mlp, "tflite", ("x",), ("y",)),
+                                Target("onnxruntime", "cpu", "fp32"))
+    assert not backend.supports(seg, Target("onnxruntime", "qnn", "int8"))
+    exe = backend.compile(seg, Target("onnxruntime", "cpu", "fp32"))
+    with pytest.raises(BackendError) as err:
+        exe.run({"wrong": np.zeros((4, 128), np.float32)})
+    assert err.value.field == "inputs"
+
+
+def test_generators_are_deterministic(tmp_path: Path) -> None:
+    for make in (onnx_gen.mlp_stack, onnx_gen.transformer_stack, onnx_gen.small_cnn):
+        a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+        make(a)
+        make(b)
+        assert a.read_bytes() == b.read_bytes()
+    made = onnx_gen.write_demo_models(tmp_path / "models")
+    assert {p.name for p in made} == {"demo-mlp.onnx", "demo-cnn.onnx"}
