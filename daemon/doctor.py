@@ -1,24 +1,152 @@
-"""``edgepilot doctor``: what this board and install can do (filled in by each capability)."""
+"""``edgepilot doctor``: what this board and install can do, and why not where they can't.
+
+Board identity and sysfs (from the board layer), every backend target with a PASS/FAIL tiny probe
+and its reason, state-dir writability and MQTT broker reachability. Exit code 0 when the daemon
+can serve at least one target, 1 otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
+
+from edgepilot import __version__
+from edgepilot.config import Config
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("doctor", help="report board, backends, sysfs writability, MQTT")
+    p = sub.add_parser("doctor", help="report board, backends (PASS/FAIL probes), sysfs, MQTT")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--backend", action="append", default=None, metavar="NAME",
+                   help="probe only this backend (repeatable)")
     p.set_defaults(func=cmd_doctor)
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from edgepilot import __version__
+def check_state_dir(path: Path) -> dict[str, Any]:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
+            pass
+        return {"path": str(path), "writable": True, "reason": ""}
+    except OSError as exc:
+        return {"path": str(path), "writable": False,
+                "reason": f"{exc.strerror}; set [daemon] state_dir or --state-dir"}
 
-    report: dict[str, Any] = {"version": __version__}
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(report)
-    return 0
+
+def check_mqtt(config: Config, timeout: float = 3.0) -> dict[str, Any]:
+    """A real MQTT CONNECT/CONNACK with the configured credentials, not just a TCP dial."""
+    m = config.mqtt
+    out: dict[str, Any] = {"enabled": m.enabled, "host": m.host, "port": m.port,
+                           "protocol": m.protocol}
+    if not m.enabled:
+        return {**out, "reachable": None, "reason": "disabled in config"}
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    proto = mqtt.MQTTv5 if m.protocol == "5" else mqtt.MQTTv311
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"edgepilot-doctor-{os.getpid()}",
+                         protocol=proto)
+    if m.username:
+        client.username_pw_set(m.username, m.password)
+    if m.tls is not None:
+        client.tls_set(ca_certs=str(m.tls.ca_file) if m.tls.ca_file else None,
+                       certfile=str(m.tls.cert_file) if m.tls.cert_file else None,
+                       keyfile=str(m.tls.key_file) if m.tls.key_file else None)
+        client.tls_insecure_set(m.tls.insecure)
+    result: dict[str, Any] = {}
+
+    def on_connect(_c: Any, _u: Any, _f: Any, reason: Any, _p: Any = None) -> None:
+        result["reason"] = str(reason)
+        result["ok"] = not reason.is_failure
+
+    client.on_connect = on_connect
+    t0 = time.monotonic()
+    try:
+        client.connect(m.host, m.port, keepalive=10)
+    except (OSError, socket.gaierror) as exc:
+        return {**out, "reachable": False, "reason": f"{exc}"}
+    while "ok" not in result and time.monotonic() - t0 < timeout:
+        client.loop(timeout=0.1)
+    client.disconnect()
+    if "ok" not in result:
+        return {**out, "reachable": False, "reason": f"no CONNACK within {timeout:g}s"}
+    return {**out, "reachable": result["ok"], "reason": result["reason"],
+            "ms": round((time.monotonic() - t0) * 1000, 1)}
+
+
+def board_report(config: Config) -> dict[str, Any]:
+    from edgepilot.board import Board
+
+    try:
+        return dict(Board(config.daemon.sysfs_root).report())
+    except Exception as exc:  # doctor reports, it never dies on a strange board
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def collect(config: Config, backends: list[str] | None = None) -> dict[str, Any]:
+    from edgepilot.selftest import as_dicts, run_selftests
+
+    results = run_selftests(config, backends)
+    return {
+        "version": __version__,
+        "board": board_report(config),
+        "backends": as_dicts(results),
+        "state_dir": check_state_dir(config.state_dir),
+        "mqtt": check_mqtt(config),
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"edgepilot {report['version']}"]
+    board = report["board"]
+    ident = board.get("identity") or {}
+    lines.append(f"board: {ident.get('model') or 'unknown'} (family {ident.get('family')}, "
+                 f"compatible {', '.join(ident.get('compatible') or []) or '-'})")
+    if "error" in board:
+        lines.append(f"  board layer error: {board['error']}")
+    for pol in board.get("policies", []):
+        lines.append(f"  cpufreq {pol.get('name')}: cpus {pol.get('cpus')} governor "
+                     f"{pol.get('governor')} [{', '.join(pol.get('available_governors') or [])}]")
+    for dev in board.get("devfreq", []):
+        lines.append(f"  devfreq {dev.get('name')} ({dev.get('kind')}): governor "
+                     f"{dev.get('governor')}")
+    for key in ("rails", "thermal_zones", "profiles"):
+        if board.get(key):
+            lines.append(f"  {key}: {_short(board[key])}")
+    lines.append("backends:")
+    for b in report["backends"]:
+        if not b["available"]:
+            lines.append(f"  {b['name']}: MISSING ({b['reason']})")
+            continue
+        lines.append(f"  {b['name']} {b['version'] or ''}".rstrip()
+                     + (f": {b['reason']}" if b["reason"] else ""))
+        for t in b["targets"]:
+            lines.append(f"    {t['status']} {t['target']}: {t['reason']}")
+    sd = report["state_dir"]
+    lines.append(f"state dir {sd['path']}: {'writable' if sd['writable'] else 'NOT writable'} "
+                 f"{sd['reason']}".rstrip())
+    mq = report["mqtt"]
+    state = {True: "reachable", False: "UNREACHABLE", None: "not checked"}[mq["reachable"]]
+    lines.append(f"mqtt {mq['host']}:{mq['port']} (v{mq['protocol']}): {state} ({mq['reason']})")
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) < 200 else text[:197] + "..."
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from edgepilot.cli import config_from
+
+    config = config_from(args)
+    report = collect(config, args.backend)
+    print(json.dumps(report, indent=2, default=str) if args.json else render(report))
+    passing = any(t["ok"] for b in report["backends"] for t in b["targets"])
+    return 0 if passing else 1

@@ -1,0 +1,199 @@
+"""Tiny known computations that prove each backend target works on this board.
+
+Every probe builds its own small model in a scratch dir (nothing is downloaded), compiles it on
+the target through the same backend contract the daemon serves with, runs it and checks the
+numbers against an independent reference: ONNX's own reference evaluator for ONNX targets, the
+TFLite interpreter's fp32 output for other TFLite targets, a deterministic greedy token for GGUF.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends import BACKENDS, load_backend
+from edgepilot.backends.base import Backend, BackendUnavailable, Segment, Target
+from edgepilot.config import Config
+from edgepilot.errors import EdgepilotError
+
+log = logging.getLogger(__name__)
+
+# quantized targets may differ from fp32 by this much (relative L2) and still PASS
+QUANT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "int8": 0.25, "int4": 0.5}
+
+
+@dataclass
+class TargetResult:
+    """``status`` is PASS, FAIL, or SKIP when the probe model cannot exercise the target (an
+    int8-only target and a float probe file): the target is listed, untested, with the reason."""
+
+    target: str
+    ok: bool
+    reason: str
+    ms: float | None = None
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            self.status = "PASS" if self.ok else "FAIL"
+
+
+@dataclass
+class BackendResult:
+    name: str
+    available: bool
+    version: str | None = None
+    reason: str = ""
+    targets: list[TargetResult] = field(default_factory=list)
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(b64), 1e-12))
+
+
+def settings_for(config: Config, name: str) -> Any:
+    return getattr(config.backends, name, None)
+
+
+def _onnx_probe(backend: Backend, targets: list[Target], work: Path) -> list[TargetResult]:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    from edgepilot.models.onnx_gen import mlp_stack, sample_inputs
+
+    path = work / "probe.onnx"
+    model = mlp_stack(path, widths=(16, 64, 16))
+    feeds = sample_inputs(model)[0]
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    seg = Segment(path, "onnx", tuple(i.name for i in model.graph.input),
+                  tuple(o.name for o in model.graph.output), name="probe")
+    out_name = onnx.load(str(path)).graph.output[0].name
+    return [_check(backend, seg, t, feeds, out_name, ref) for t in targets]
+
+
+def _tflite_probe(backend: Backend, targets: list[Target], work: Path,
+                  reference: np.ndarray | None) -> tuple[list[TargetResult], np.ndarray | None]:
+    from edgepilot.models.tflite_gen import write_mlp_tflite
+
+    path = work / "probe.tflite"
+    write_mlp_tflite(path, width=16, depth=2)
+    x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
+    results = []
+    for t in targets:
+        seg = _whole_tflite_segment(path)
+        feeds = {seg.inputs[0]: x}
+        res = _check(backend, seg, t, feeds, seg.outputs[0], reference)
+        if reference is None and res.ok:
+            exe = backend.compile(seg, t)
+            reference = exe.run(feeds)[seg.outputs[0]]
+            exe.close()
+        results.append(res)
+    return results, reference
+
+
+def _whole_tflite_segment(path: Path) -> Segment:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    return Segment(path, "tflite", tuple(d["name"] for d in interp.get_input_details()),
+                   tuple(d["name"] for d in interp.get_output_details()), name="probe")
+
+
+def _check(backend: Backend, seg: Segment, target: Target, feeds: dict[str, np.ndarray],
+           out_name: str, ref: np.ndarray | None) -> TargetResult:
+    try:
+        support = backend.supports(seg, target)
+        if not support:
+            return TargetResult(str(target), False, f"probe model not runnable here: "
+                                f"{support.reason}", status="SKIP")
+        exe = backend.compile(seg, target)
+        try:
+            t0 = time.perf_counter()
+            out = exe.run(feeds)[out_name]
+            ms = (time.perf_counter() - t0) * 1000
+        finally:
+            exe.close()
+    except EdgepilotError as exc:
+        return TargetResult(str(target), False, exc.message)
+    except Exception as exc:  # a broken native runtime must show up here, not crash doctor
+        return TargetResult(str(target), False, f"{type(exc).__name__}: {exc}")
+    if not np.all(np.isfinite(out)):
+        return TargetResult(str(target), False, "output has NaN/Inf", ms)
+    if ref is None:
+        return TargetResult(str(target), True, f"ran, output shape {list(out.shape)}", ms)
+    err = rel_l2(out, ref)
+    tol = QUANT_TOLERANCE.get(target.precision, 0.25)
+    ok = err <= tol
+    verdict = "matches" if ok else "differs from"
+    return TargetResult(str(target), ok, f"{verdict} reference: rel. L2 error {err:.2e} "
+                        f"(limit {tol:g})", ms)
+
+
+def _gguf_probe(backend: Backend, targets: list[Target], work: Path) -> list[TargetResult]:
+    from edgepilot.models.gguf_gen import write_gguf
+
+    path = work / "probe.gguf"
+    write_gguf(path)
+    results = []
+    for t in targets:
+        seg = Segment(path, "gguf", ("tokens",), ("logits",), name="probe")
+        try:
+            exe = backend.compile(seg, t)
+            try:
+                tokens = np.array([1, 2, 3], dtype=np.int32)
+                out = exe.run({"tokens": tokens})
+                logits = next(iter(out.values()))
+            finally:
+                exe.close()
+            ok = bool(np.all(np.isfinite(logits))) and logits.size > 0
+            results.append(TargetResult(str(t), ok, f"decoded 3 tokens, logits {list(logits.shape)}"
+                                        if ok else "logits not finite"))
+        except Exception as exc:
+            results.append(TargetResult(str(t), False, f"{type(exc).__name__}: {exc}"))
+    return results
+
+
+def run_selftests(config: Config, names: list[str] | None = None) -> list[BackendResult]:
+    """Probe every backend (or ``names``) and run the tiny model on each of its targets."""
+    out: list[BackendResult] = []
+    tflite_ref: np.ndarray | None = None
+    with tempfile.TemporaryDirectory(prefix="edgepilot-doctor-") as tmp:
+        work = Path(tmp)
+        # tflite before armnn: armnn is checked against the TFLite interpreter's output
+        order = [n for n in ("onnxruntime", "tflite", "armnn", "llamacpp") if n in BACKENDS]
+        for name in names or order:
+            res = BackendResult(name, available=False)
+            out.append(res)
+            try:
+                backend = load_backend(name, settings_for(config, name))
+                targets = backend.probe()
+                res.available, res.version = True, backend.version()
+            except BackendUnavailable as exc:
+                res.reason = exc.message
+                continue
+            except Exception as exc:
+                res.reason = f"{type(exc).__name__}: {exc}"
+                continue
+            try:
+                if name == "onnxruntime":
+                    res.targets = _onnx_probe(backend, targets, work)
+                elif name in ("tflite", "armnn"):
+                    res.targets, ref = _tflite_probe(backend, targets, work, tflite_ref)
+                    tflite_ref = tflite_ref if tflite_ref is not None else ref
+                elif name == "llamacpp":
+                    res.targets = _gguf_probe(backend, targets, work)
+            except Exception as exc:
+                log.exception("self-test of %s failed", name)
+                res.reason = f"self-test could not run: {type(exc).__name__}: {exc}"
+    return out
+
+
+def as_dicts(results: list[BackendResult]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in results]
