@@ -1,0 +1,38 @@
+"""Thermal zones by ``type`` (zone numbering differs between boots and boards)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from edgepilot.board.sysfs import Sysfs
+
+THERMAL_CLASS = "/sys/class/thermal"
+_ZONE = re.compile(r"^thermal_zone(\d+)$")
+
+
+def zone_dirs(fs: Sysfs) -> list[Path]:
+    base = fs.path(THERMAL_CLASS)
+    if not base.is_dir():
+        return []
+    found = [(int(m.group(1)), e) for e in base.iterdir() if (m := _ZONE.match(e.name))]
+    return [e for _, e in sorted(found)]
+
+
+def zone_types(fs: Sysfs) -> dict[str, str]:
+    """Zone directory name -> type, including zones whose temperature cannot be read now."""
+    return {z.name: fs.read_str(z / "type") or z.name for z in zone_dirs(fs)}
+
+
+def read_temps(fs: Sysfs) -> dict[str, float]:
+    """type -> degrees C. Unreadable zones (EAGAIN while power-gated) are left out."""
+    temps: dict[str, float] = {}
+    for zone in zone_dirs(fs):
+        milli = fs.read_int(zone / "temp")
+        if milli is None:
+            continue
+        kind = fs.read_str(zone / "type") or zone.name
+        # two zones may share a type; keep both, the later one named by its zone
+        key = kind if kind not in temps else f"{kind}@{zone.name}"
+        temps[key] = milli / 1000.0
+    return temps

@@ -1,0 +1,102 @@
+"""The DVFS journal: what the board looked like before we touched it, persisted (fsync'd).
+
+Written before the first write of a transaction; completed once the profile is fully applied;
+removed after a restore. A journal found at start-up means a crash: restore from it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgepilot.errors import BoardError
+
+JOURNAL_NAME = "dvfs-journal.json"
+LOCK_NAME = "dvfs.lock"
+
+
+@dataclass
+class Journal:
+    """``original``: board path -> exact text before edgepilot's first write (kept across
+    profile switches). ``applied``: the texts after the last complete apply (None while a
+    transaction is in flight). Tool state: nvpmodel mode before, jetson_clocks store file."""
+
+    sysfs_root: str
+    profile: str | None = None
+    pid: int = field(default_factory=os.getpid)
+    started: float = field(default_factory=time.time)
+    original: dict[str, str] = field(default_factory=dict)
+    applied: dict[str, str] | None = None
+    nvpmodel_before: int | None = None
+    jetson_clocks_store: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def journal_path(state_dir: Path) -> Path:
+    return Path(state_dir) / JOURNAL_NAME
+
+
+def save(state_dir: Path, journal: Journal) -> None:
+    """Atomically replace the journal: write a temp file, fsync it, rename, fsync the dir."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    target = journal_path(state_dir)
+    tmp = target.with_suffix(".tmp")
+    data = json.dumps(journal.as_dict(), indent=1, sort_keys=True).encode()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        dfd = os.open(state_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise BoardError(f"cannot write the DVFS journal {target}: {exc.strerror}; nothing was "
+                         "changed (check [daemon] state_dir permissions)", field="state_dir") from None
+
+
+def load(state_dir: Path) -> Journal | None:
+    """The journal left in ``state_dir``, or None. A corrupt one is an error, not ignored."""
+    path = journal_path(state_dir)
+    try:
+        raw = json.loads(path.read_text())
+        return Journal(**raw)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:
+        raise BoardError(f"the DVFS journal {path} is unreadable ({exc}); inspect it, restore the "
+                         "clocks by hand and delete it", field="state_dir") from None
+
+
+def remove(state_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        journal_path(state_dir).unlink()
+
+
+@contextlib.contextmanager
+def locked(state_dir: Path) -> Iterator[None]:
+    """Serialise DVFS transactions between processes (daemon and CLI) sharing a state dir."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
