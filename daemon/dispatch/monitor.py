@@ -1,0 +1,56 @@
+"""Watch a running plan: EWMA of each segment's latency against its prediction.
+
+A segment whose smoothed latency departs from its prediction by more than ``drift_threshold``
+(relative) after ``min_samples`` requests reports drift; the dispatcher then scales that target's
+costs by the observed ratio and replans. A replan is applied only when the new plan is predicted
+to beat the current one (re-costed the same way) by more than ``hysteresis``, so noise does not
+make plans flap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Monitor:
+    drift_threshold: float = 0.5
+    alpha: float = 0.3
+    min_samples: int = 3
+    predicted: list[float] = field(default_factory=list)
+    ewma: list[float | None] = field(default_factory=list)
+    samples: list[int] = field(default_factory=list)
+
+    def reset(self, predicted: list[float]) -> None:
+        """Start watching a new plan whose segments are predicted to take ``predicted`` ms."""
+        self.predicted = list(predicted)
+        self.ewma = [None] * len(predicted)
+        self.samples = [0] * len(predicted)
+
+    def observe(self, times_ms: list[float]) -> list[int]:
+        """Record one request's per-segment times; return the segments now drifting."""
+        drifted = []
+        for k, ms in enumerate(times_ms[: len(self.predicted)]):
+            prev = self.ewma[k]
+            self.ewma[k] = ms if prev is None else self.alpha * ms + (1 - self.alpha) * prev
+            self.samples[k] += 1
+            if self.samples[k] >= self.min_samples and abs(self.ratio(k) - 1) > self.drift_threshold:
+                drifted.append(k)
+        return drifted
+
+    def ratio(self, k: int) -> float:
+        """Observed / predicted for segment ``k`` (1.0 before the first sample)."""
+        ew = self.ewma[k]
+        pred = self.predicted[k]
+        if ew is None or pred <= 0:
+            return 1.0
+        return ew / pred
+
+    def snapshot(self) -> list[dict[str, float | None]]:
+        return [{"predicted_ms": p, "ewma_ms": e, "samples": n}
+                for p, e, n in zip(self.predicted, self.ewma, self.samples, strict=True)]
+
+
+def worth_switching(current_ms: float, new_ms: float, hysteresis: float) -> bool:
+    """Apply a new plan only if it is predicted faster by more than the hysteresis margin."""
+    return new_ms < current_ms * (1 - hysteresis)

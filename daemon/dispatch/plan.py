@@ -1,0 +1,180 @@
+"""From measurements to a plan: cost tables, the chosen assignment, and its explanation.
+
+:class:`CostBuilder` turns a :class:`ProfileTable` into the planner's :class:`CostTable`:
+measured layer times net of the per-call overhead (which the planner charges once per segment),
+hops as ``overhead(dst) + boundary bytes / bandwidth``, targets over the error budget or
+excluded after a fault marked ineligible, and per-target factors (drift) and frequency scaling
+from the fitted roofline models. :class:`Plan` is the result and its JSON shape (see issue 6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgepilot.backends.base import Target
+from edgepilot.dispatch import costmodel
+from edgepilot.dispatch.costmodel import Roofline, Sample
+from edgepilot.dispatch.partition import Partition
+from edgepilot.dispatch.planner import CostTable, merge, runner_up, solve
+from edgepilot.dispatch.profiler import ProfileTable
+
+# a layer never costs less than this share of its standalone time, whatever the overhead says
+_MIN_NET_SHARE = 0.05
+
+
+def device_of(target: str) -> str:
+    """The physical device a target's memory lives on (for budgets)."""
+    t = Target.parse(target)
+    dev = t.device.lower()
+    if dev in ("cpu", "xnnpack", "cpuref", "cpuacc", "dnnl", "acl", "armnn"):
+        return "cpu"
+    if dev in ("cuda", "tensorrt", "gpu", "gpuacc", "webgpu", "opencl"):
+        return "gpu"
+    return dev  # qnn, nnapi, rknpu ... their own device
+
+
+@dataclass
+class CostBuilder:
+    """Builds cost tables; holds what changes between replans (exclusions, drift, clocks)."""
+
+    part: Partition
+    profile: ProfileTable
+    tolerance: float
+    excluded: set[str] = field(default_factory=set)
+    factors: dict[str, float] = field(default_factory=dict)   # observed/predicted drift
+    forced: dict[int, str] = field(default_factory=dict)      # repair: layer -> reference
+    freq_khz: float = 0.0
+    budgets: dict[str, float] = field(default_factory=dict)
+    rooflines: dict[str, Roofline] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fit()
+
+    def samples(self, target: str) -> list[Sample]:
+        prec = Target.parse(target).precision
+        out = []
+        for layer, row in zip(self.part.layers, self.profile.cells, strict=True):
+            cell = row.get(target)
+            if cell is not None and cell.ms is not None:
+                out.append(Sample(layer.flops, costmodel.layer_bytes(
+                    layer.weight_bytes, layer.in_bytes, layer.out_bytes, prec), cell.ms))
+        return out
+
+    def fit(self) -> None:
+        for target in self.profile.targets:
+            samples = self.samples(target)
+            if samples:
+                self.rooflines[target] = costmodel.fit(samples, self.profile.freq_khz)
+
+    def predicted_layer(self, i: int, target: str) -> float | None:
+        """Roofline prediction for layer ``i`` on ``target`` at the current frequency."""
+        model = self.rooflines.get(target)
+        if model is None:
+            return None
+        layer = self.part.layers[i]
+        nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes,
+                                       Target.parse(target).precision)
+        return model.predict(layer.flops, nbytes, self.freq_khz) * self.factors.get(target, 1.0)
+
+    def freq_scale(self, target: str, i: int) -> float:
+        """How much slower layer ``i`` is predicted to be now than when it was measured."""
+        model = self.rooflines.get(target)
+        if model is None or self.freq_khz <= 0 or model.fit_freq_khz <= 0:
+            return 1.0
+        layer = self.part.layers[i]
+        nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes,
+                                       Target.parse(target).precision)
+        then = model.predict(layer.flops, nbytes)
+        now = model.predict(layer.flops, nbytes, self.freq_khz)
+        return now / then if then > 0 else 1.0
+
+    def eligible(self, i: int, target: str) -> bool:
+        if target in self.excluded:
+            return False
+        if i in self.forced:
+            return target == self.forced[i]
+        cell = self.profile.cells[i].get(target)
+        return (cell is not None and cell.ms is not None and cell.error is not None
+                and cell.error <= self.tolerance)
+
+    def layer_ms(self, i: int, target: str) -> float | None:
+        """Net cost of layer ``i`` inside a segment on ``target`` (None when not eligible)."""
+        if not self.eligible(i, target):
+            return None
+        cell = self.profile.cells[i][target]
+        assert cell.ms is not None
+        over = self.profile.overhead_ms.get(target, 0.0)
+        net = max(cell.ms - over, cell.ms * _MIN_NET_SHARE)
+        return net * self.factors.get(target, 1.0) * self.freq_scale(target, i)
+
+    def table(self) -> CostTable:
+        targets = list(self.profile.targets)
+        n = len(self.part.layers)
+        bw = max(self.profile.bandwidth_bytes_per_ms, 1.0)
+        hop = [0.0] + [self.part.boundary_bytes(i) / bw for i in range(1, n)]
+        enter = [self.profile.overhead_ms.get(t, 0.0) * self.factors.get(t, 1.0)
+                 for t in targets]
+        layer_ms = [[self.layer_ms(i, t) for t in targets] for i in range(n)]
+        memory = [[float(self.profile.cells[i][t].memory) for t in targets] for i in range(n)]
+        return CostTable(targets, layer_ms, enter, hop, memory,
+                         [device_of(t) for t in targets], dict(self.budgets))
+
+
+@dataclass
+class Plan:
+    """A chosen assignment, its segments and everything ``explain`` shows."""
+
+    model: str
+    model_hash: str
+    targets: list[str]          # per layer
+    segments: list[tuple[str, int, int]]
+    predicted_ms: float
+    layers: list[dict[str, Any]]
+    measured_ms: float | None = None
+    error: float | None = None
+    reason: str = "initial"
+
+    @property
+    def hash(self) -> str:
+        """Short, stable id of what runs where (appears in telemetry and events)."""
+        key = json.dumps([self.model_hash, self.segments], separators=(",", ":"))
+        return hashlib.sha256(key.encode()).hexdigest()[:10]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "hash": self.hash,
+            "predicted_ms": round(self.predicted_ms, 4),
+            "measured_ms": None if self.measured_ms is None else round(self.measured_ms, 4),
+            "error": self.error, "reason": self.reason,
+            "segments": [{"target": t, "layers": [s, e]} for t, s, e in self.segments],
+            "layers": self.layers,
+        }
+
+
+def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
+    """Run the planner on the builder's current costs and describe the result."""
+    table = builder.table()
+    assign, cost = solve(table)
+    names = [table.targets[t] for t in assign]
+    layers = []
+    for i, t in enumerate(assign):
+        target = table.targets[t]
+        cell = builder.profile.cells[i][target]
+        ru = runner_up(table, i, t)
+        roof = builder.predicted_layer(i, target)
+        used = table.layer_ms[i][t]
+        layers.append({
+            "name": builder.part.layers[i].name, "target": target,
+            # what the planner charged (net of per-call overhead, clock- and drift-scaled)
+            "predicted_ms": None if used is None else round(used, 4),
+            "measured_ms": None if cell.ms is None else round(cell.ms, 4),
+            "roofline_ms": None if roof is None else round(roof, 4),
+            "error": cell.error,
+            "runner_up": None if ru is None else {"target": table.targets[ru[0]],
+                                                  "predicted_ms": round(ru[1], 4)},
+        })
+    segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
+    return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason)

@@ -1,0 +1,181 @@
+"""Choose a target per layer: dynamic programming over the layer chain.
+
+Cost of an assignment ``a``::
+
+    sum_i layer_ms[i][a_i]
+  + sum over segment starts i (i == 0 or a_i != a_{i-1}) of enter_ms[a_i] + hop_ms[i]
+
+``enter_ms`` is the per-call overhead of a target (paid once per compiled segment, which is why
+merging consecutive layers matters) and ``hop_ms[i]`` the measured cost of handing the tensors
+crossing cut ``i`` to another runtime (``hop_ms[0]`` is 0). Memory budgets per device are
+exact: labels at each DP state keep the Pareto front of (cost, memory used per budgeted device),
+so the result equals the brute-force optimum (property-tested).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from edgepilot.errors import PlanError
+
+INF = float("inf")
+
+
+@dataclass
+class CostTable:
+    """Everything the planner needs; indices are layers ``i`` and target positions ``t``."""
+
+    targets: list[str]
+    layer_ms: list[list[float | None]]          # None: not eligible (unsupported / too lossy)
+    enter_ms: list[float]
+    hop_ms: list[float]
+    memory: list[list[float]] | None = None     # bytes of layer i on target t
+    devices: list[str] | None = None            # physical device of each target
+    budgets: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_ms)
+
+
+def plan_cost(table: CostTable, assign: list[int]) -> float:
+    """Predicted total ms of ``assign`` (inf when a layer is not eligible on its target)."""
+    total = 0.0
+    for i, t in enumerate(assign):
+        c = table.layer_ms[i][t]
+        if c is None:
+            return INF
+        total += c
+        if i == 0 or assign[i - 1] != t:
+            total += table.enter_ms[t] + (table.hop_ms[i] if i else 0.0)
+    return total
+
+
+def memory_use(table: CostTable, assign: list[int]) -> dict[str, float]:
+    use: dict[str, float] = {}
+    if table.memory is None or table.devices is None:
+        return use
+    for i, t in enumerate(assign):
+        dev = table.devices[t]
+        use[dev] = use.get(dev, 0.0) + table.memory[i][t]
+    return use
+
+
+def feasible(table: CostTable, assign: list[int]) -> bool:
+    use = memory_use(table, assign)
+    return all(use.get(d, 0.0) <= b for d, b in table.budgets.items())
+
+
+@dataclass
+class _Label:
+    cost: float
+    mem: tuple[float, ...]
+    t: int
+    parent: _Label | None
+
+
+def _dominated(a: _Label, b: _Label) -> bool:
+    """True when ``b`` is at least as good as ``a`` in cost and every memory coordinate."""
+    return b.cost <= a.cost and all(y <= x for x, y in zip(a.mem, b.mem, strict=True))
+
+
+def solve(table: CostTable) -> tuple[list[int], float]:
+    """The cheapest feasible assignment and its cost; PlanError when none exists."""
+    n, m = table.n_layers, len(table.targets)
+    if n == 0:
+        raise PlanError("nothing to plan: the model has no layers", field="model")
+    budgeted = sorted(table.budgets) if table.memory is not None and table.devices else []
+
+    def mem_after(mem: tuple[float, ...], i: int, t: int) -> tuple[float, ...] | None:
+        if not budgeted:
+            return ()
+        assert table.memory is not None and table.devices is not None
+        dev = table.devices[t]
+        out = list(mem)
+        if dev in budgeted:
+            k = budgeted.index(dev)
+            out[k] += table.memory[i][t]
+            if out[k] > table.budgets[dev]:
+                return None
+        return tuple(out)
+
+    zero = tuple(0.0 for _ in budgeted)
+    front: list[list[_Label]] = [[] for _ in range(m)]
+    for t in range(m):
+        c = table.layer_ms[0][t]
+        mem = mem_after(zero, 0, t)
+        if c is not None and mem is not None:
+            front[t] = [_Label(c + table.enter_ms[t], mem, t, None)]
+    for i in range(1, n):
+        nxt: list[list[_Label]] = [[] for _ in range(m)]
+        for t in range(m):
+            c = table.layer_ms[i][t]
+            if c is None:
+                continue
+            cands: list[_Label] = []
+            for s in range(m):
+                step = c if s == t else c + table.enter_ms[t] + table.hop_ms[i]
+                for lab in front[s]:
+                    mem = mem_after(lab.mem, i, t)
+                    if mem is not None:
+                        cands.append(_Label(lab.cost + step, mem, t, lab))
+            nxt[t] = _pareto(cands)
+        front = nxt
+    finals = [lab for labs in front for lab in labs]
+    if not finals:
+        raise PlanError("no plan fits: every assignment breaks a memory budget or uses a "
+                        "target not eligible for some layer; raise the budget or the tolerance",
+                        field="budgets")
+    best = min(finals, key=lambda lab: lab.cost)
+    assign: list[int] = []
+    node: _Label | None = best
+    while node is not None:
+        assign.append(node.t)
+        node = node.parent
+    assign.reverse()
+    return assign, best.cost
+
+
+def _pareto(labels: list[_Label]) -> list[_Label]:
+    labels.sort(key=lambda lab: (lab.cost, lab.mem))
+    kept: list[_Label] = []
+    for lab in labels:
+        if not any(_dominated(lab, k) for k in kept):
+            kept.append(lab)
+    return kept
+
+
+def brute_force(table: CostTable) -> tuple[list[int], float]:
+    """Exhaustive reference for tests (``len(targets) ** n_layers`` assignments)."""
+    best: tuple[list[int], float] = ([], INF)
+    for combo in itertools.product(range(len(table.targets)), repeat=table.n_layers):
+        assign = list(combo)
+        if not feasible(table, assign):
+            continue
+        cost = plan_cost(table, assign)
+        if cost < best[1]:
+            best = (assign, cost)
+    if best[1] == INF:
+        raise PlanError("no feasible plan", field="budgets")
+    return best
+
+
+def merge(assign: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of one target: ``[(target, start, end)]`` with ``end`` exclusive."""
+    runs: list[tuple[int, int, int]] = []
+    for i, t in enumerate(assign):
+        if runs and runs[-1][0] == t:
+            runs[-1] = (t, runs[-1][1], i + 1)
+        else:
+            runs.append((t, i, i + 1))
+    return runs
+
+
+def runner_up(table: CostTable, i: int, chosen: int) -> tuple[int, float] | None:
+    """The cheapest other eligible target for layer ``i`` and its layer cost."""
+    options = [(c, t) for t, c in enumerate(table.layer_ms[i]) if c is not None and t != chosen]
+    if not options:
+        return None
+    c, t = min(options)
+    return t, c

@@ -1,0 +1,196 @@
+"""Measure every supported (layer, target) on this board: latency and error vs fp32.
+
+For each calibration input the fp32 reference target runs the layers in order, which gives
+every boundary tensor's reference value. Each (layer, target) is then compiled, fed the
+reference inputs of that layer, warmed up, timed (median of N) and its outputs compared with the
+reference outputs in the tolerance metric. Hops are measured too: per target, the per-call
+overhead is what splitting two adjacent layers into two calls costs over one merged call, and
+the bandwidth is that of handing a boundary-sized tensor over in host memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.dispatch.partition import Partition
+from edgepilot.dispatch.tolerance import output_error
+from edgepilot.errors import EdgepilotError, PlanError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Cell:
+    """One (layer, target) measurement; ``ms`` None = not supported (``reason`` says why)."""
+
+    ms: float | None
+    error: float | None = None
+    memory: int = 0
+    reason: str = ""
+
+
+@dataclass
+class ProfileTable:
+    """All measurements of one model on one board, serialisable into the plan cache."""
+
+    targets: list[str]
+    reference: str
+    cells: list[dict[str, Cell]]
+    overhead_ms: dict[str, float]
+    bandwidth_bytes_per_ms: float
+    freq_khz: float = 0.0
+    metric: str = "rel_l2"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cells"] = [{t: asdict(c) for t, c in row.items()} for row in self.cells]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProfileTable:
+        data = dict(data)
+        data["cells"] = [{t: Cell(**c) for t, c in row.items()} for row in data["cells"]]
+        return cls(**data)
+
+
+def median_ms(fn: Callable[[], object], runs: int, warmup: int) -> float:
+    """Median wall time of ``fn`` in ms after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(max(1, runs)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def copy_bandwidth(nbytes: int = 4 << 20, runs: int = 7) -> float:
+    """Host-memory bytes per ms for handing a tensor over (one copy, the worst case here)."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    ms = median_ms(lambda: np.copyto(dst, src), runs, 1)
+    return nbytes / max(ms, 1e-6)
+
+
+class Profiler:
+    """Times a partition's layers on targets; see the module docstring for the method."""
+
+    def __init__(self, part: Partition, backends: Mapping[str, Backend], targets: list[Target],
+                 reference: Target, calibration: list[dict[str, np.ndarray]], *,
+                 runs: int = 7, warmup: int = 2, metric: str = "rel_l2",
+                 progress: Progress | None = None) -> None:
+        if not calibration:
+            raise PlanError("profiling needs at least one calibration input", field="calibration")
+        self.part = part
+        self.backends = backends
+        self.targets = targets
+        self.reference = reference
+        self.calibration = calibration
+        self.runs = runs
+        self.warmup = warmup
+        self.metric = metric
+        self.progress = progress
+        self._ref_envs: list[dict[str, np.ndarray]] | None = None
+
+    def compile(self, start: int, end: int, target: Target) -> Executable:
+        backend = self.backends.get(target.backend)
+        if backend is None:
+            raise PlanError(f"backend {target.backend!r} is not loaded", field="targets")
+        return backend.compile(self.part.segment(start, end), target)
+
+    def reference_envs(self) -> list[dict[str, np.ndarray]]:
+        """Every tensor of the fp32 reference run, per calibration input."""
+        if self._ref_envs is None:
+            exes = [self.compile(i, i + 1, self.reference) for i in range(len(self.part.layers))]
+            envs = []
+            for feed in self.calibration:
+                env = dict(feed)
+                for exe in exes:
+                    env.update(exe.run(env))
+                envs.append(env)
+            for exe in exes:
+                exe.close()
+            self._ref_envs = envs
+        return self._ref_envs
+
+    def reference_outputs(self) -> list[dict[str, np.ndarray]]:
+        return [{k: env[k] for k in self.part.outputs} for env in self.reference_envs()]
+
+    def measure(self, start: int, end: int, target: Target) -> Cell:
+        """Compile layers ``[start, end)`` on ``target``, time it and measure its error."""
+        backend = self.backends[target.backend]
+        seg = self.part.segment(start, end)
+        support = backend.supports(seg, target)
+        if not support:
+            return Cell(None, reason=support.reason or "not supported")
+        try:
+            exe = backend.compile(seg, target)
+        except EdgepilotError as exc:
+            return Cell(None, reason=exc.message)
+        try:
+            envs = self.reference_envs()
+            names = seg.outputs
+            err = 0.0
+            for env in envs:
+                out = exe.run(env)
+                err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
+            feed = envs[0]
+            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup)
+            return Cell(ms, err, exe.memory_bytes)
+        except EdgepilotError as exc:
+            return Cell(None, reason=exc.message)
+        finally:
+            exe.close()
+
+    def profile(self) -> ProfileTable:
+        """Measure every (layer, target), the per-target overheads and the hop bandwidth."""
+        n = len(self.part.layers)
+        names = [str(t) for t in self.targets]
+        total = n * len(self.targets) + len(self.targets)
+        done = 0
+        self.reference_envs()
+        cells: list[dict[str, Cell]] = []
+        for i, layer in enumerate(self.part.layers):
+            row: dict[str, Cell] = {}
+            for target in self.targets:
+                row[str(target)] = self.measure(i, i + 1, target)
+                done += 1
+                if self.progress:
+                    self.progress(done, total, f"{layer.name} on {target}")
+            cells.append(row)
+        overhead: dict[str, float] = {}
+        for target in self.targets:
+            overhead[str(target)] = self.measure_overhead(target, cells)
+            done += 1
+            if self.progress:
+                self.progress(done, total, f"hop overhead of {target}")
+        return ProfileTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
+                            metric=self.metric)
+
+    def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
+        """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""
+        key = str(target)
+        pairs = []
+        for i in range(len(cells) - 1):
+            a, b = cells[i][key].ms, cells[i + 1][key].ms
+            if a is not None and b is not None:
+                pairs.append((a + b, i))
+        estimates = []
+        for _, i in sorted(pairs)[:2]:
+            merged = self.measure(i, i + 2, target)
+            a, b = cells[i][key].ms, cells[i + 1][key].ms
+            if merged.ms is not None and a is not None and b is not None:
+                estimates.append(min(max(a + b - merged.ms, 0.0), min(a, b)))
+        return statistics.median(estimates) if estimates else 0.0

@@ -1,0 +1,43 @@
+"""The output-error metric plans are held to: scale-free, against the fp32 reference.
+
+``rel_l2`` is ``||out - ref|| / ||ref||`` and ``cosine`` is ``1 - cos(out, ref)``; for a model
+with several outputs the worst one counts. A model's budget is its ``[[models]] tolerance`` or
+``[dispatch] tolerance`` (default 0.05 relative L2, i.e. 5% of the output's energy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from edgepilot.errors import ConfigError
+
+METRICS = ("rel_l2", "cosine")
+_EPS = 1e-12
+
+
+def tensor_error(out: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> float:
+    """Error of one tensor against its reference in ``metric``."""
+    a = np.asarray(out, dtype=np.float64).ravel()
+    b = np.asarray(ref, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        return float("inf")
+    if metric == "rel_l2":
+        return float(np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), _EPS))
+    if metric == "cosine":
+        denom = max(float(np.linalg.norm(a) * np.linalg.norm(b)), _EPS)
+        return float(max(0.0, 1.0 - float(a @ b) / denom))
+    raise ConfigError(f"unknown error metric {metric!r}; allowed: {', '.join(METRICS)}",
+                      field="dispatch.metric")
+
+
+def output_error(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
+                 metric: str = "rel_l2") -> float:
+    """Worst error over the reference's tensors; a missing tensor is an infinite error."""
+    worst = 0.0
+    for name, r in ref.items():
+        if name not in out:
+            return float("inf")
+        worst = max(worst, tensor_error(out[name], r, metric))
+    return worst

@@ -1,0 +1,82 @@
+"""Planner: the DP's plan equals the brute-force optimum on random small cost tables."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgepilot.dispatch.planner import (
+    CostTable,
+    brute_force,
+    feasible,
+    merge,
+    plan_cost,
+    runner_up,
+    solve,
+)
+from edgepilot.errors import PlanError
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> CostTable:
+    n = draw(st.integers(1, 6))
+    m = draw(st.integers(1, 3))
+    cost = st.one_of(st.none(), st.floats(0.0, 10.0, allow_nan=False))
+    layer_ms = [[draw(cost) for _ in range(m)] for _ in range(n)]
+    enter = [draw(st.floats(0.0, 3.0)) for _ in range(m)]
+    hop = [0.0, *[draw(st.floats(0.0, 3.0)) for _ in range(n - 1)]]
+    with_memory = draw(st.booleans())
+    memory = devices = None
+    budgets: dict[str, float] = {}
+    if with_memory:
+        memory = [[float(draw(st.integers(0, 5))) for _ in range(m)] for _ in range(n)]
+        devices = [draw(st.sampled_from(["cpu", "gpu"])) for _ in range(m)]
+        budgets = {"cpu": float(draw(st.integers(0, 15)))}
+        if draw(st.booleans()):
+            budgets["gpu"] = float(draw(st.integers(0, 15)))
+    return CostTable([f"t{j}" for j in range(m)], layer_ms, enter, hop, memory, devices, budgets)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tables())
+def test_dp_equals_brute_force(table: CostTable) -> None:
+    try:
+        expected = brute_force(table)
+    except PlanError:
+        with pytest.raises(PlanError):
+            solve(table)
+        return
+    assign, cost = solve(table)
+    assert feasible(table, assign)
+    assert cost == pytest.approx(expected[1], abs=1e-9)
+    assert plan_cost(table, assign) == pytest.approx(cost, abs=1e-9)
+
+
+def test_transfer_cost_keeps_layers_together() -> None:
+    # layer 1 is slightly faster on t1, but the hop there and back costs more than it saves
+    table = CostTable(["a", "b"], [[1.0, 2.0], [1.0, 0.9], [1.0, 2.0]],
+                      enter_ms=[0.1, 0.1], hop_ms=[0.0, 0.5, 0.5])
+    assign, cost = solve(table)
+    assert assign == [0, 0, 0]
+    assert cost == pytest.approx(3.1)
+    assert merge(assign) == [(0, 0, 3)]
+    # with free hops the faster target wins layer 1: three segments
+    table.hop_ms = [0.0, 0.0, 0.0]
+    table.enter_ms = [0.0, 0.0]
+    assign, _ = solve(table)
+    assert assign == [0, 1, 0]
+    assert merge(assign) == [(0, 0, 1), (1, 1, 2), (0, 2, 3)]
+    assert runner_up(table, 1, 1) == (0, 1.0)
+
+
+def test_memory_budget_moves_layers_and_infeasible_is_an_error() -> None:
+    table = CostTable(["npu", "cpu"], [[1.0, 5.0], [1.0, 5.0]], [0.0, 0.0], [0.0, 0.0],
+                      memory=[[10.0, 10.0], [10.0, 10.0]], devices=["npu", "cpu"],
+                      budgets={"npu": 15.0})
+    assign, cost = solve(table)
+    assert sorted(assign) == [0, 1] and cost == pytest.approx(6.0)
+    table.budgets["cpu"] = 5.0
+    with pytest.raises(PlanError) as err:
+        solve(table)
+    assert err.value.field == "budgets"
