@@ -34,7 +34,8 @@ class Monitor:
             prev = self.ewma[k]
             self.ewma[k] = ms if prev is None else self.alpha * ms + (1 - self.alpha) * prev
             self.samples[k] += 1
-            if self.samples[k] >= self.min_samples and abs(self.ratio(k) - 1) > self.drift_threshold:
+            ready = self.samples[k] >= self.min_samples
+            if ready and abs(self.ratio(k) - 1) > self.drift_threshold:
                 drifted.append(k)
         return drifted
 

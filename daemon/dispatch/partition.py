@@ -14,6 +14,7 @@ full range is the whole model, so an all-one-target plan compiles exactly the or
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -143,7 +144,7 @@ def build_layers(nodes: Sequence[Node], graph_inputs: Sequence[str],
     floor = min(len(s) for s in live[:-1]) if len(nodes) > 1 else 1
     cuts = [k + 1 for k in range(len(nodes) - 1) if len(live[k]) <= max(1, floor)]
     bounds = [0, *cuts, len(nodes)]
-    ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
+    ranges = list(itertools.pairwise(bounds))
     total = sum(n.flops for n in nodes)
     threshold = min_layer_flops if min_layer_flops is not None else max(1, total // 100)
     ranges = _coalesce(ranges, nodes, threshold)
