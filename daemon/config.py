@@ -77,7 +77,14 @@ class TelemetrySection(Section):
     sample_interval_s: float = Field(1.0, ge=0.1, le=3600,
                                      description="Sampling period (0.1 s = 10 Hz at most).")
     publish_interval_s: float = Field(5.0, ge=0.1, le=3600,
-                                      description="MQTT telemetry publish period.")
+                                      description="MQTT telemetry publish period (at most one "
+                                      "message per sample).")
+    thermal_warn_c: float | None = Field(
+        85.0, ge=20, le=150,
+        description="A thermal zone at or above this emits a `thermal` event (None = off).")
+    thermal_hysteresis_c: float = Field(
+        5.0, ge=0, le=50,
+        description="A hot zone is reported normal again once it is this far below the warning.")
 
 
 class MqttTlsSection(Section):

@@ -1,12 +1,195 @@
-"""Attach point of this capability (see edgepilot.lifecycle.CAPABILITIES)."""
+"""Attach point of MQTT: telemetry, events and status out; commands in (see link, commands).
+
+``daemon.mqtt`` is the :class:`MqttService`. Topics live under ``<prefix>/<device_id>/``:
+``status`` (retained; ``offline`` is the last will), ``telemetry``, ``events``, ``cmd/<verb>`` and
+``reply/<verb>``; fleet commands on ``<prefix>/group/<group>/cmd/<verb>``.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from edgepilot import __version__
+from edgepilot.config import Config
+from edgepilot.events import Event
+from edgepilot.mqtt.commands import CommandTransport
+from edgepilot.mqtt.discovery import Discovery
+from edgepilot.mqtt.link import MqttLink
+from edgepilot.mqtt.outbox import Outbox, OutMessage
+from edgepilot.mqtt.topics import Topics
+from edgepilot.status import status_snapshot
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
 
+log = logging.getLogger(__name__)
+
+SPOOL_FILE = "mqtt-spool.jsonl"
+# events after which the retained status is refreshed (it carries profile, backends)
+_STATUS_EVENTS = ("profile.", "model.", "config.reloaded")
+
+
+class MqttService:
+    """A Service owning the broker link, the outbox and the command transport."""
+
+    name = "mqtt"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self._setup(daemon.config)
+
+    def _setup(self, config: Config) -> None:
+        cfg = config.mqtt
+        self.cfg = cfg
+        self.topics = Topics(cfg.topic_prefix, cfg.device_id, tuple(cfg.groups))
+        spool = self.daemon.state_dir / SPOOL_FILE if cfg.spool else None
+        self.outbox = Outbox(cfg.buffer_size, spool)
+        self.discovery = Discovery(self.topics, cfg.homeassistant_prefix, cfg.qos)
+        self.link: MqttLink | None = None
+        self.transport: CommandTransport | None = None
+        self._spool_task: asyncio.Task[None] | None = None
+
+    # ---- payloads ---------------------------------------------------------------------------
+    def _offline(self, reason: str) -> bytes:
+        return json.dumps({"state": "offline", "device_id": self.cfg.device_id,
+                           "version": __version__, "reason": reason}).encode()
+
+    def status_payload(self) -> bytes:
+        """The retained ``online`` status: ``status_snapshot`` plus state and device id."""
+        try:
+            snap = status_snapshot(self.daemon)
+        except Exception:  # a half-started component must not keep us from saying "online"
+            log.exception("status snapshot failed; publishing a minimal status")
+            snap = {"version": __version__}
+        snap.update(state="online", device_id=self.cfg.device_id, ts=round(time.time(), 3))
+        return json.dumps(snap, default=str).encode()
+
+    def stats(self) -> dict[str, Any]:
+        """Fields merged into every telemetry report."""
+        return {"dropped": self.outbox.dropped, "buffered": len(self.outbox),
+                "mqtt_connected": bool(self.link is not None and self.link.connected)}
+
+    # ---- producers --------------------------------------------------------------------------
+    def _on_report(self, report: dict[str, Any]) -> None:
+        if self.link is None:
+            return
+        self.link.send(OutMessage(self.topics.telemetry, json.dumps(report, default=str).encode(),
+                                  qos=self.cfg.qos))
+        if self.cfg.homeassistant_discovery:
+            for msg in self.discovery.messages(report):
+                self.link.send(msg)
+
+    def _on_event(self, event: Event) -> None:
+        link = self.link
+        if link is None:
+            return
+        link.send_threadsafe(OutMessage(self.topics.events,
+                                        json.dumps(event, default=str).encode(), qos=self.cfg.qos))
+        if str(event.get("type", "")).startswith(_STATUS_EVENTS):
+            link.loop.call_soon_threadsafe(self._refresh_status)
+
+    def _refresh_status(self) -> None:
+        if self.link is not None and self.link.connected:
+            self.link.send(OutMessage(self.topics.status, self.status_payload(), qos=1,
+                                      retain=True, spool=False))
+
+    def _on_connected(self) -> None:
+        self.discovery.reset()
+        telemetry = self.daemon.telemetry
+        if self.cfg.homeassistant_discovery and telemetry is not None and self.link is not None:
+            for msg in self.discovery.messages(telemetry.snapshot()):
+                self.link.send(msg)
+
+    def _send(self, msg: OutMessage) -> None:
+        if self.link is not None:
+            self.link.send(msg)
+
+    # ---- service ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._start(load_spool=True)
+
+    async def _start(self, load_spool: bool) -> None:
+        if not self.cfg.enabled:
+            log.info("MQTT disabled ([mqtt] enabled = false)")
+            return
+        loop = asyncio.get_running_loop()
+        if load_spool:
+            restored = await self.daemon.run_blocking(self.outbox.load)
+            if restored:
+                log.info("restored %d spooled MQTT messages", restored)
+        self.transport = CommandTransport(self.daemon, self.topics, self._send, qos=self.cfg.qos,
+                                          v5=self.cfg.protocol == "5",
+                                          max_payload_bytes=self.cfg.max_payload_bytes)
+        self.link = MqttLink(self.cfg, self.topics, self.outbox, loop=loop,
+                             online=self.status_payload, offline=self._offline("connection lost"),
+                             on_command=self.transport.on_message,
+                             on_connected=self._on_connected)
+        self.daemon.events.subscribe(self._on_event)
+        self.link.start()
+        if self.outbox.spool_path is not None:
+            self._spool_task = asyncio.create_task(self._spool_loop(), name="mqtt-spool")
+        log.info("MQTT to %s:%d as %s (MQTT %s), topics under %s/", self.cfg.host, self.cfg.port,
+                 self.cfg.device_id, self.cfg.protocol, self.topics.base)
+
+    async def stop(self) -> None:
+        await self._stop_link()
+        if self.outbox.spool_path is not None:
+            saved = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.outbox.save(force=True))
+            if saved:
+                log.info("spooled %d unsent MQTT messages to %s", saved, self.outbox.spool_path)
+
+    async def _stop_link(self) -> None:
+        self.daemon.events.unsubscribe(self._on_event)
+        if self._spool_task is not None:
+            self._spool_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._spool_task
+            self._spool_task = None
+        if self.transport is not None:
+            await self.transport.close()
+        if self.link is not None:
+            await self.link.stop(self._offline("stopped"))
+            self.link = None
+
+    async def reload(self, old: Config, new: Config) -> None:
+        """A changed ``[mqtt]`` section reconnects with the new settings; the buffer is kept."""
+        if old.mqtt == new.mqtt:
+            return
+        log.info("[mqtt] changed; reconnecting")
+        pending = self.outbox
+        await self._stop_link()
+        self._setup(new)
+        self.outbox.push_front(_drain_all(pending))
+        self.outbox.dropped = pending.dropped
+        await self._start(load_spool=False)
+
+    async def _spool_loop(self) -> None:
+        # keep the spool file close to the buffer so a crash loses little; it is rewritten only
+        # when the buffer changed, and removed once the buffer is empty again
+        while True:
+            await asyncio.sleep(max(1.0, self.daemon.config.telemetry.publish_interval_s))
+            await self.daemon.run_blocking(self.outbox.save)
+
+
+def _drain_all(outbox: Outbox) -> list[OutMessage]:
+    out = []
+    while (msg := outbox.pop()) is not None:
+        out.append(msg)
+    return out
+
 
 def attach(daemon: Daemon) -> list[Service]:
-    return []
+    """Create the MQTT service (``daemon.mqtt``) and feed it telemetry reports."""
+    svc = MqttService(daemon)
+    daemon.mqtt = svc
+    telemetry = daemon.telemetry
+    if telemetry is not None:
+        telemetry.add_listener(svc._on_report)
+        telemetry.add_extra(svc.stats)
+    return [svc]
