@@ -1,0 +1,310 @@
+"""ProfileManager: apply DVFS profiles as transactions, restore what we changed, undo crashes.
+
+Apply: validate the whole plan against the board, journal the original texts (fsync'd), run
+nvpmodel / jetson_clocks, write governors and limits in an order the kernel accepts, read each
+back; on any failure put every file back as it was before this apply, in reverse order.
+Restore: files that still hold what we applied go back to their original text; files somebody
+else changed since are left alone and reported as ``profile.conflict`` events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from edgepilot.board import Board
+from edgepilot.dvfs import journal as jr
+from edgepilot.dvfs.profiles import Profile, ProfileStore
+from edgepilot.dvfs.resolve import Plan, TargetPlan, build_plan, limit_order
+from edgepilot.dvfs.tools import JetsonClocks, NvpModel
+from edgepilot.errors import BoardError, EdgepilotError, NotFoundError, ProfileError
+from edgepilot.events import EventBus
+
+log = logging.getLogger(__name__)
+
+JETSON_CLOCKS_STORE = "jetson_clocks.conf"
+_GOV = ("scaling_governor", "governor")
+_MIN = ("scaling_min_freq", "min_freq")
+_MAX = ("scaling_max_freq", "max_freq")
+
+
+class ProfileManager:
+    """Owns every DVFS write of one board. Methods block (sysfs, tools): call them from a
+    worker thread (``daemon.run_blocking``) in async code."""
+
+    def __init__(self, board: Board, store: ProfileStore, state_dir: Path,
+                 events: EventBus | None = None, command_timeout_s: float = 10.0) -> None:
+        self.board = board
+        self.store = store
+        self.state_dir = Path(state_dir)
+        self.events = events or EventBus()
+        self.nvpmodel = NvpModel(command_timeout_s)
+        self.jetson_clocks = JetsonClocks(command_timeout_s)
+        self._lock = threading.RLock()
+        current = jr.load(self.state_dir)
+        # a journal from another process on the same root means a profile is in force
+        self.active_name: str | None = current.profile if current and current.applied else None
+
+    # ---- queries -------------------------------------------------------------------------------
+    def profiles(self) -> dict[str, Profile]:
+        return self.store.for_board(self.board.identity)
+
+    def get(self, name: str) -> Profile:
+        profiles = self.profiles()
+        if name not in profiles:
+            raise NotFoundError(f"unknown profile {name!r} for this {self.board.identity.family} "
+                                f"board; allowed: {', '.join(sorted(profiles))}", field="name")
+        return profiles[name]
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every profile for this board with whether it validates here."""
+        out = []
+        for name, prof in sorted(self.profiles().items()):
+            entry: dict[str, Any] = {"name": name, "description": prof.spec.description,
+                                     "source": str(prof.source), "active": name == self.active_name}
+            try:
+                build_plan(prof, self.board)
+                entry["valid"], entry["error"] = True, None
+            except EdgepilotError as exc:
+                entry["valid"], entry["error"] = False, exc.message
+            out.append(entry)
+        return out
+
+    def show(self, name: str) -> dict[str, Any]:
+        """The merged profile and what it would set on this board."""
+        prof = self.get(name)
+        result = prof.as_dict()
+        try:
+            result["plan"] = build_plan(prof, self.board).as_dict()
+        except EdgepilotError as exc:
+            result["plan"], result["error"] = None, exc.message
+        return result
+
+    def status(self) -> dict[str, Any]:
+        journal = jr.load(self.state_dir)
+        sample = self.board.sample()
+        return {
+            "active": self.active_name,
+            "family": self.board.identity.family,
+            "journal": str(jr.journal_path(self.state_dir)) if journal else None,
+            "since": journal.started if journal else None,
+            "changed_files": sorted(journal.original) if journal else [],
+            "cpu": sample.cpu,
+            "devfreq": sample.devfreq,
+        }
+
+    # ---- apply ---------------------------------------------------------------------------------
+    def apply(self, name: str) -> dict[str, Any]:
+        """Apply ``name`` transactionally; raise ProfileError (board unchanged) on failure."""
+        with self._lock, jr.locked(self.state_dir):
+            prof = self.get(name)
+            plan = build_plan(prof, self.board)      # validation: nothing written yet
+            before = self._snapshot()
+            previous = jr.load(self.state_dir)
+            journal = jr.Journal(str(self.board.root), name)
+            if previous is not None:
+                journal.original = previous.original
+                journal.nvpmodel_before = previous.nvpmodel_before
+                journal.jetson_clocks_store = previous.jetson_clocks_store
+            for path, text in before.items():
+                journal.original.setdefault(path, text)
+            ran_nvpmodel = ran_store = False
+            try:
+                if plan.nvpmodel is not None:
+                    mode, _ = self.nvpmodel.query()
+                    if journal.nvpmodel_before is None:
+                        journal.nvpmodel_before = mode
+                    jr.save(self.state_dir, journal)
+                    if mode != plan.nvpmodel:
+                        ran_nvpmodel = True
+                        self.nvpmodel.set_mode(plan.nvpmodel)
+                if plan.jetson_clocks:
+                    if journal.jetson_clocks_store is None:
+                        journal.jetson_clocks_store = str(self.state_dir / JETSON_CLOCKS_STORE)
+                        jr.save(self.state_dir, journal)
+                        ran_store = True
+                        self.jetson_clocks.store(Path(journal.jetson_clocks_store))
+                    self.jetson_clocks.lock()
+                # tools may have moved limits or offlined CPUs: plan again on what is there now
+                plan = build_plan(prof, self.board)
+                for path, text in self._snapshot().items():
+                    journal.original.setdefault(path, before.get(path, text))
+                jr.save(self.state_dir, journal)
+                written = self._write_plan(plan)
+            except EdgepilotError as exc:
+                self._rollback(before, journal, previous, ran_nvpmodel, ran_store)
+                self.events.emit("profile.failed", profile=name, message=exc.message,
+                                 field=exc.field)
+                raise ProfileError(f"applying profile {name!r} failed and every change was "
+                                   f"rolled back: {exc.message}", field=exc.field) from None
+            journal.applied = self._snapshot()
+            jr.save(self.state_dir, journal)
+            self.active_name = name
+            result = {"profile": name, "applied": True, "written": written,
+                      "skipped": plan.skipped, "nvpmodel": plan.nvpmodel,
+                      "jetson_clocks": plan.jetson_clocks}
+            self.events.emit("profile.applied", profile=name, written=len(written),
+                             skipped=plan.skipped)
+            return result
+
+    def _write_plan(self, plan: Plan) -> list[dict[str, str]]:
+        steps: list[tuple[Path, str]] = []
+        for tp in plan.targets:
+            steps += self._target_steps(tp)
+        written = []
+        for path, value in steps:
+            now = self.board.read_value(path)
+            if now is not None and now.strip() == value:
+                continue  # already so: a write would only disturb the governor's state
+            self.board.write_value(path, f"{value}\n")
+            written.append({"path": self.board.fs.rel(path), "value": value})
+        return written
+
+    def _target_steps(self, tp: TargetPlan) -> list[tuple[Path, str]]:
+        gov_f, min_f, max_f, speed_f = tp.files
+        steps: list[tuple[Path, str]] = []
+        if tp.governor is not None:
+            steps.append((tp.dir / gov_f, tp.governor))
+        cur_min = self.board.fs.read_int(tp.dir / min_f)
+        cur_max = self.board.fs.read_int(tp.dir / max_f)
+        new_min, new_max = tp.min, tp.max
+        # a lone min above the current max (or max below min) cannot be ordered: refuse early
+        if new_max is None and new_min is not None and cur_max is not None and new_min > cur_max:
+            raise ProfileError(f"{tp.name}: min {new_min} is above the current max {cur_max} "
+                               "and the profile sets no max; add a max", field=f"{tp.name}.min")
+        if new_min is None and new_max is not None and cur_min is not None and new_max < cur_min:
+            raise ProfileError(f"{tp.name}: max {new_max} is below the current min {cur_min} "
+                               "and the profile sets no min; add a min", field=f"{tp.name}.max")
+        for which in limit_order(cur_min, cur_max, new_min, new_max):
+            steps.append((tp.dir / (min_f if which == "min" else max_f),
+                          str(new_min if which == "min" else new_max)))
+        if tp.setspeed is not None:
+            steps.append((tp.dir / speed_f, str(tp.setspeed)))
+        return steps
+
+    def _snapshot(self) -> dict[str, str]:
+        """Exact text of every governor/min/max file of online devices (setspeed excluded:
+        it reads '<unsupported>' and is not a setting to restore)."""
+        snap: dict[str, str] = {}
+        for path in self.board.writable_files():
+            if path.name == "scaling_setspeed":
+                continue
+            text = self.board.read_value(path)
+            if text is not None:
+                snap[self.board.fs.rel(path)] = text
+        return snap
+
+    def _rollback(self, before: dict[str, str], journal: jr.Journal, previous: jr.Journal | None,
+                  ran_nvpmodel: bool, ran_store: bool) -> None:
+        errors: list[str] = []
+        if journal.jetson_clocks_store and ran_store:
+            self._try(errors, self.jetson_clocks.restore, Path(journal.jetson_clocks_store))
+        if ran_nvpmodel and journal.nvpmodel_before is not None:
+            self._try(errors, self.nvpmodel.set_mode, journal.nvpmodel_before)
+        errors += self._put_back(before, only=None)
+        if errors:
+            log.error("rollback incomplete: %s", "; ".join(errors))
+            self.events.emit("profile.rollback_incomplete", errors=errors)
+        if previous is None:
+            jr.remove(self.state_dir)
+        else:
+            jr.save(self.state_dir, previous)
+
+    @staticmethod
+    def _try(errors: list[str], fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except EdgepilotError as exc:
+            errors.append(exc.message)
+
+    def _put_back(self, target: dict[str, str], only: set[str] | None) -> list[str]:
+        """Write original texts back where they differ, per device in a kernel-safe order;
+        governors last (reverse of apply). Returns the errors; never stops half-way."""
+        errors: list[str] = []
+        by_dir: dict[Path, dict[str, str]] = {}
+        for rel, text in target.items():
+            if only is not None and rel not in only:
+                continue
+            path = self.board.fs.path(rel)
+            if self.board.read_value(path) != text:
+                by_dir.setdefault(path.parent, {})[path.name] = text
+        for directory in reversed(list(by_dir)):
+            files = by_dir[directory]
+            mins = [n for n in files if n in _MIN]
+            maxs = [n for n in files if n in _MAX]
+            new_min = _int(files[mins[0]]) if mins else None
+            new_max = _int(files[maxs[0]]) if maxs else None
+            cur_min = self.board.fs.read_int(directory / (mins[0] if mins else _MIN[0]))
+            cur_max = self.board.fs.read_int(directory / (maxs[0] if maxs else _MAX[0]))
+            order = []
+            for which in limit_order(cur_min, cur_max, new_min, new_max):
+                order += mins if which == "min" else maxs
+            order += [n for n in files if n not in order]
+            for name in order:
+                try:
+                    self.board.write_value(directory / name, files[name])
+                except BoardError as exc:
+                    errors.append(exc.message)
+        return errors
+
+    # ---- restore -------------------------------------------------------------------------------
+    def restore(self, reason: str = "requested") -> dict[str, Any]:
+        """Put back what edgepilot changed; leave (and report) what somebody else changed."""
+        with self._lock, jr.locked(self.state_dir):
+            journal = jr.load(self.state_dir)
+            if journal is None:
+                self.active_name = None
+                return {"restored": False, "reason": "nothing to restore", "conflicts": []}
+            conflicts: list[dict[str, Any]] = []
+            restore_set = set(journal.original)
+            if journal.applied is not None:
+                # only a complete apply says what "ours" is; after a crash mid-transaction
+                # everything goes back
+                for rel, ours in journal.applied.items():
+                    now = self.board.read_value(self.board.fs.path(rel))
+                    if now is not None and now != ours and now != journal.original.get(rel):
+                        restore_set.discard(rel)
+                        conflicts.append({"path": rel, "ours": ours.strip(),
+                                          "now": now.strip(),
+                                          "original": journal.original.get(rel, "").strip()})
+            errors: list[str] = []
+            if journal.jetson_clocks_store:
+                self._try(errors, self.jetson_clocks.restore, Path(journal.jetson_clocks_store))
+            if journal.nvpmodel_before is not None:
+                try:
+                    if self.nvpmodel.query()[0] != journal.nvpmodel_before:
+                        self.nvpmodel.set_mode(journal.nvpmodel_before)
+                except EdgepilotError as exc:
+                    errors.append(exc.message)
+            errors += self._put_back(journal.original, only=restore_set)
+            for c in conflicts:
+                self.events.emit("profile.conflict", profile=journal.profile, **c)
+            if errors:
+                # keep the journal: the next restore (or start) tries again
+                self.events.emit("profile.restore_failed", profile=journal.profile, errors=errors)
+                raise ProfileError("restore incomplete, journal kept for a retry: "
+                                   + "; ".join(errors))
+            jr.remove(self.state_dir)
+            self.active_name = None
+            self.events.emit("profile.restored", profile=journal.profile, reason=reason,
+                             conflicts=len(conflicts))
+            return {"restored": True, "profile": journal.profile, "reason": reason,
+                    "conflicts": conflicts}
+
+    def recover(self) -> dict[str, Any] | None:
+        """At start: undo a journal left by a crashed process (None when there is none)."""
+        journal = jr.load(self.state_dir)
+        if journal is None:
+            return None
+        log.warning("found a DVFS journal from pid %s (profile %s): restoring first",
+                    journal.pid, journal.profile)
+        return self.restore(reason="crash-recovery")
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
