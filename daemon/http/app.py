@@ -25,6 +25,8 @@ ROUTERS: list[str] = [
     "edgepilot.http.commands",
     "edgepilot.http.telemetry",
     "edgepilot.http.config",
+    "edgepilot.http.openai",
+    "edgepilot.http.infer",
 ]
 
 

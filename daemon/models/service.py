@@ -1,12 +1,108 @@
-"""Attach point of this capability (see edgepilot.lifecycle.CAPABILITIES)."""
+"""Attach point of the models capability: the registry, its commands and its keep-alive reaper."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgepilot.commands import NoParams
+from edgepilot.config import Config
+from edgepilot.errors import EdgepilotError
+from edgepilot.models.registry import ModelRegistry
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
 
+log = logging.getLogger(__name__)
+REAP_INTERVAL_S = 1.0
+
+
+class ModelName(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$",
+                      description="Model name (see model.list).")
+
+
+async def _load(daemon: Daemon, params: ModelName) -> dict[str, Any]:
+    lm = await daemon.models.load(params.name)
+    return {"name": params.name, "loaded": True, "target": str(lm.executable.target),
+            "memory_bytes": lm.memory_bytes}
+
+
+async def _unload(daemon: Daemon, params: ModelName) -> dict[str, Any]:
+    was = await daemon.models.unload(params.name)
+    return {"name": params.name, "loaded": False, "was_loaded": was}
+
+
+async def _list(daemon: Daemon, _: NoParams) -> dict[str, Any]:
+    return {"models": daemon.models.listing()}
+
+
+class ModelsService:
+    """Demo models and load-at-start on start; idle unloads while running; unload all on stop."""
+
+    name = "models"
+
+    def __init__(self, daemon: Daemon, registry: ModelRegistry) -> None:
+        self.daemon = daemon
+        self.registry = registry
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        cfg = self.daemon.config
+        self.daemon.set_ready("models", "loading models")
+        if cfg.daemon.demo_models and not cfg.models:
+            from edgepilot.models.demo import ensure_demo_models
+
+            self.registry.extra = await self.daemon.run_blocking(
+                ensure_demo_models, self.daemon.model_dir)
+        for entry in cfg.models:
+            if not entry.load_at_start:
+                continue
+            try:
+                await self.registry.load(entry.name)
+            except EdgepilotError as exc:
+                # a broken model is reported (model.list, log) but never stops the daemon
+                log.error("model %s not loaded: %s", entry.name, exc.message)
+        self._reaper = asyncio.create_task(self._reap_forever(), name="models-reaper")
+        self.daemon.set_ready("models", None)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            try:
+                await self.registry.reap()
+            except Exception:
+                log.exception("keep-alive unload failed")
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.registry.close()
+
+    async def reload(self, old: Config, new: Config) -> None:
+        """Unload models whose entry changed or disappeared; they reload on demand."""
+        before = {e.name: e for e in old.models}
+        after = {e.name: e for e in new.models}
+        for name in list(self.registry.loaded):
+            if name in before and before[name] != after.get(name):
+                await self.registry.unload(name, reason="config")
+        self.registry.reset_backends()
+
 
 def attach(daemon: Daemon) -> list[Service]:
-    return []
+    registry = ModelRegistry(daemon)
+    daemon.models = registry
+    daemon.commands.register("model.load", ModelName, _load, mutating=True,
+                             summary="Load a model now (verify, estimate memory, compile)")
+    daemon.commands.register("model.unload", ModelName, _unload, mutating=True,
+                             summary="Unload a model (it reloads on its next request)")
+    daemon.commands.register("model.list", NoParams, _list,
+                             summary="Models: configured and in the model dir, loaded or not")
+    return [ModelsService(daemon, registry)]

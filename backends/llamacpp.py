@@ -1,0 +1,216 @@
+"""llama.cpp through llama-cpp-python: GGUF models, chat templates from the file.
+
+Segments: llama.cpp cannot hand activations between runtimes, so a GGUF "segment" is a range of
+transformer blocks and the only split it can execute is the one llama.cpp does itself — the
+*last* ``n_gpu_layers`` blocks on the GPU, the rest on the CPU. A plan for a GGUF model is
+therefore that count: a ``gpu`` target supports a segment only when it runs to the last block,
+and :func:`n_gpu_layers_for` turns the GPU segment into llama.cpp's parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Executable,
+    Segment,
+    Support,
+    Target,
+    TensorSpec,
+)
+from edgepilot.config import LlamacppSection
+from edgepilot.errors import BackendError
+from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
+
+log = logging.getLogger(__name__)
+
+# the file's own GGUF types; the dispatcher never re-quantizes a GGUF
+NATIVE = "native"
+
+
+def _import() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"llama-cpp-python is not installed ({exc}); pip install 'edgepilot[gguf]'") from None
+    return llama_cpp
+
+
+def n_gpu_layers_for(segment_layers: tuple[int, int] | None, n_layers: int) -> int:
+    """llama.cpp's ``n_gpu_layers`` for a GPU segment covering blocks ``[a, b)``.
+
+    llama.cpp offloads the last N blocks, so only suffixes can be placed: ``b`` must be
+    ``n_layers``; N = ``n_layers - a``. ``None`` (the whole model) means every block.
+    """
+    if segment_layers is None:
+        return n_layers
+    a, b = segment_layers
+    if not 0 <= a < b <= n_layers:
+        raise BackendError(f"GGUF segment layers [{a}, {b}) outside 0..{n_layers}",
+                           field="segment.layers")
+    if b != n_layers:
+        raise BackendError(
+            f"llama.cpp offloads only the last blocks to the GPU; segment [{a}, {b}) must end "
+            f"at block {n_layers}", field="segment.layers")
+    return n_layers - a
+
+
+class LlamaExecutable(Executable):
+    """A loaded GGUF: tensor ``run`` (tokens -> last logits) plus chat/completion calls.
+
+    Calls are serialised by an internal lock: one llama context must never run two requests.
+    """
+
+    def __init__(self, llm: Any, info: GgufInfo, target: Target, n_ctx: int,
+                 kv_type: str, n_gpu_layers: int) -> None:
+        self.llm = llm
+        self.info = info
+        self.target = target
+        self.n_ctx = n_ctx
+        self.kv_type = kv_type
+        self.n_gpu_layers = n_gpu_layers
+        self.lock = threading.Lock()
+        self.inputs = [TensorSpec("tokens", "int32", (None,))]
+        self.outputs = [TensorSpec("logits", "float32", (int(llm.n_vocab()),))]
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.info.estimate_bytes(self.n_ctx, self.kv_type)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate ``tokens`` from an empty context; return the last position's logits."""
+        if "tokens" not in inputs:
+            raise BackendError("GGUF models take one input 'tokens' (int32 token ids)",
+                               field="inputs")
+        tokens = [int(t) for t in np.asarray(inputs["tokens"]).reshape(-1)]
+        if not tokens or len(tokens) > self.n_ctx:
+            raise BackendError(f"'tokens' must hold 1..{self.n_ctx} ids", field="inputs.tokens")
+        with self.lock:
+            self.llm.reset()
+            self.llm.eval(tokens)
+            logits = np.array(self.llm.scores[self.llm.n_tokens - 1], dtype=np.float32)
+        return {"logits": logits}
+
+    def tokenize(self, text: str) -> list[int]:
+        with self.lock:
+            return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def chat(self, messages: list[dict[str, Any]], **params: Any) -> Any:
+        """llama-cpp-python's ``create_chat_completion`` (a dict, or an iterator of chunks)."""
+        with self.lock:
+            result = self.llm.create_chat_completion(messages=messages, **params)
+            if params.get("stream"):
+                return _locked_iter(self.lock, result)
+            return result
+
+    def complete(self, prompt: str, **params: Any) -> Any:
+        """llama-cpp-python's ``create_completion``."""
+        with self.lock:
+            result = self.llm.create_completion(prompt=prompt, **params)
+            if params.get("stream"):
+                return _locked_iter(self.lock, result)
+            return result
+
+    def close(self) -> None:
+        with self.lock:
+            close = getattr(self.llm, "close", None)
+            if close is not None:
+                close()
+
+
+def _locked_iter(lock: threading.Lock, chunks: Iterator[Any]) -> Iterator[Any]:
+    # the generator body runs lazily, so the context is locked again while it is consumed
+    with lock:
+        yield from chunks
+
+
+class LlamaCppBackend(Backend):
+    """GGUF on llama.cpp; devices ``cpu`` and (GPU builds) ``gpu``; precision = the file's."""
+
+    name = "llamacpp"
+
+    def __init__(self, settings: LlamacppSection | None = None) -> None:
+        self.settings = settings or LlamacppSection()
+
+    def version(self) -> str | None:
+        return str(_import().__version__)
+
+    def gpu_offload(self) -> bool:
+        return bool(_import().llama_supports_gpu_offload())
+
+    def probe(self) -> list[Target]:
+        _import()
+        targets = [Target(self.name, "cpu", NATIVE)]
+        if self.gpu_offload():
+            targets.append(Target(self.name, "gpu", NATIVE))
+        return targets
+
+    def supports(self, segment: Segment, target: Target) -> Support:
+        if segment.kind != "gguf":
+            return Support(False, f"llama.cpp runs GGUF files, not {segment.kind}")
+        if target.device not in ("cpu", "gpu"):
+            return Support(False, f"llama.cpp devices are cpu and gpu, not {target.device!r}")
+        if target.device == "gpu" and not self.gpu_offload():
+            return Support(False, "this llama-cpp-python build has no GPU offload")
+        info = read_gguf_info(segment.model_path)
+        if target.precision not in (NATIVE, info.weight_type):
+            return Support(False, f"GGUF weights are {info.weight_type}; llama.cpp does not "
+                                  f"re-quantize to {target.precision}")
+        if target.device == "gpu":
+            try:
+                n_gpu_layers_for(segment.layers, info.n_layers)
+            except BackendError as exc:
+                return Support(False, exc.message)
+        return Support(True)
+
+    def compile(self, segment: Segment, target: Target) -> Executable:
+        support = self.supports(segment, target)
+        if not support:
+            raise BackendError(f"{target} cannot run {segment.model_path.name}: {support.reason}")
+        info = read_gguf_info(segment.model_path)
+        n_gpu = n_gpu_layers_for(segment.layers, info.n_layers) if target.device == "gpu" else 0
+        return self.open(segment.model_path, n_gpu_layers=n_gpu, info=info)
+
+    def kv_type_ids(self) -> tuple[int, int]:
+        llama_cpp = _import()
+        ids = {"f32": llama_cpp.GGML_TYPE_F32, "f16": llama_cpp.GGML_TYPE_F16,
+               "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+        kv = self.settings.kv_cache_type
+        if kv in ("q8_0", "q4_0") and not self.settings.flash_attn:
+            # llama.cpp refuses a quantized V cache without flash attention; say so up front
+            raise BackendError(f"kv_cache_type = {kv!r} needs flash_attn = true "
+                               "([backends.llamacpp])", field="backends.llamacpp.kv_cache_type")
+        return ids[kv], ids[kv]
+
+    def open(self, path: Path, *, n_ctx: int | None = None, n_gpu_layers: int | None = None,
+             info: GgufInfo | None = None) -> LlamaExecutable:
+        """Load ``path`` with the configured options (``n_ctx``/``n_gpu_layers`` override)."""
+        llama_cpp = _import()
+        s = self.settings
+        info = info or read_gguf_info(path)
+        ctx = n_ctx or s.n_ctx
+        n_gpu = s.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
+        type_k, type_v = self.kv_type_ids()
+        try:
+            llm = llama_cpp.Llama(
+                model_path=str(path), n_ctx=ctx, n_gpu_layers=n_gpu,
+                n_threads=s.n_threads or os.cpu_count() or 1, use_mmap=s.use_mmap,
+                use_mlock=s.use_mlock, flash_attn=s.flash_attn, type_k=type_k, type_v=type_v,
+                seed=0, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"llama.cpp could not load {path.name}: {exc}",
+                               field="file") from None
+        device = "gpu" if n_gpu and self.gpu_offload() else "cpu"
+        log.info("llama.cpp loaded %s (ctx %d, n_gpu_layers %d)", path.name, ctx, n_gpu)
+        return LlamaExecutable(llm, info, Target(self.name, device, info.weight_type), ctx,
+                               s.kv_cache_type, n_gpu)

@@ -1,0 +1,243 @@
+"""OpenAI-compatible endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/completions`` (plain JSON, or SSE chunks ending in ``data: [DONE]``).
+
+Generation runs in llama-cpp-python inside a worker thread while holding the model's device
+slot, so requests to one device are serialised and a full queue answers 503. Usage counts are
+llama.cpp's own; for streams (``stream_options.include_usage``) they are counted from the
+sampler: prompt tokens = the context length at the first sample, completion tokens = samples
+minus the end-of-generation token. (With ``stop`` strings a stream may count one token more
+than the non-streamed call would.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgepilot.commands import error_body
+from edgepilot.errors import CommandError
+from edgepilot.models.registry import LoadedModel, ModelRegistry
+
+router = APIRouter()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=256)
+
+    def as_llama(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class Sampling(_Strict):
+    model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
+    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = Field(None, description="Up to 4 stop strings.")
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    n: Literal[1] = Field(1, description="Only one choice per request is generated.")
+    user: str | None = Field(None, max_length=256)
+
+    def llama_params(self) -> dict[str, Any]:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stop) > 4:
+            raise CommandError("at most 4 stop strings are allowed", field="stop")
+        params: dict[str, Any] = {
+            "temperature": self.temperature, "top_p": self.top_p, "stop": stop,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty}
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
+
+
+class ChatRequest(Sampling):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str]
+
+
+async def _acquire_llm(request: Request, name: str) -> tuple[ModelRegistry, LoadedModel]:
+    registry: ModelRegistry = request.app.state.daemon.models
+    model = registry.resolve(name)
+    if model.kind != "gguf":
+        raise CommandError(f"model {name!r} is a {model.kind} tensor model; send tensors to "
+                           f"POST /v1/infer/{name}", field="model")
+    return registry, await registry.acquire(name)
+
+
+@router.get("/v1/models", summary="Models this daemon can serve (OpenAI list shape)")
+async def list_models(request: Request) -> dict[str, Any]:
+    registry: ModelRegistry = request.app.state.daemon.models
+    data = [{"id": m["name"], "object": "model", "created": int(request.app.state.daemon
+                                                              .started_at),
+             "owned_by": "edgepilot", "kind": m.get("kind"), "loaded": m["loaded"]}
+            for m in registry.listing()]
+    return {"object": "list", "data": data}
+
+
+@router.post("/v1/chat/completions", summary="OpenAI chat completion (GGUF models)")
+async def chat_completions(req: ChatRequest, request: Request) -> Any:
+    params = req.llama_params()
+    if req.max_completion_tokens is not None:
+        params["max_tokens"] = req.max_completion_tokens
+    messages = [m.as_llama() for m in req.messages]
+    registry, lm = await _acquire_llm(request, req.model)
+    call = functools.partial(lm.executable.chat, messages)  # type: ignore[attr-defined]
+    return await _serve(request, registry, lm, req, call, params)
+
+
+@router.post("/v1/completions", summary="OpenAI text completion (GGUF models)")
+async def completions(req: CompletionRequest, request: Request) -> Any:
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise CommandError("exactly one prompt per request is supported", field="prompt")
+        prompt = prompt[0]
+    params = req.llama_params()
+    registry, lm = await _acquire_llm(request, req.model)
+    call = functools.partial(lm.executable.complete, prompt)  # type: ignore[attr-defined]
+    return await _serve(request, registry, lm, req, call, params)
+
+
+async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req: Sampling,
+                 call: Callable[..., Any], params: dict[str, Any]) -> Any:
+    daemon = request.app.state.daemon
+    queue = registry.queue(lm.device)
+    started = time.monotonic()
+    if not req.stream:
+        try:
+            async with queue.slot():
+                result = await daemon.run_blocking(functools.partial(call, **params))
+        except Exception:
+            daemon.work.record(req.model, time.monotonic() - started, ok=False)
+            raise
+        finally:
+            registry.release(lm)
+        result["model"] = req.model
+        daemon.work.record(req.model, time.monotonic() - started,
+                           tokens=int(result.get("usage", {}).get("completion_tokens", 0)))
+        return JSONResponse(result)
+    try:
+        await queue.acquire()  # a full queue is a 503 before any byte is streamed
+    except Exception:
+        registry.release(lm)
+        raise
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return StreamingResponse(
+        _stream(daemon, registry, lm, req.model, call, params, include_usage, started),
+        media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+class _SampleCounter:
+    """A pass-through logits processor that counts samples (llama.cpp calls it once each)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.prompt_tokens = 0
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        if self.calls == 0:
+            self.prompt_tokens = len(input_ids)
+        self.calls += 1
+        return scores
+
+
+async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: str,
+                  call: Callable[..., Any], params: dict[str, Any], include_usage: bool,
+                  started: float) -> AsyncIterator[str]:
+    from llama_cpp import LogitsProcessorList
+
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    stop = threading.Event()
+    counter = _SampleCounter()
+
+    def work() -> None:
+        try:
+            for chunk in call(**params, stream=True,
+                              logits_processor=LogitsProcessorList([counter])):
+                loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
+                if stop.is_set():  # the client went away; closing the generator ends llama's
+                    break
+            loop.call_soon_threadsafe(items.put_nowait, ("end", None))
+        except Exception as exc:
+            loop.call_soon_threadsafe(items.put_nowait, ("error", exc))
+
+    fut = loop.run_in_executor(daemon.executor, work)
+    finish_reason = None
+    last: dict[str, Any] = {}
+    ok = False
+    try:
+        while True:
+            kind, item = await items.get()
+            if kind == "chunk":
+                item["model"] = name
+                last = item
+                for choice in item.get("choices", []):
+                    finish_reason = choice.get("finish_reason") or finish_reason
+                yield f"data: {json.dumps(item)}\n\n"
+            elif kind == "error":
+                yield f"data: {json.dumps({'error': error_body(item)})}\n\n"
+                break
+            else:
+                ok = True
+                break
+        completion = counter.calls - (1 if finish_reason == "stop" else 0)
+        if ok and include_usage:
+            usage = {"prompt_tokens": counter.prompt_tokens, "completion_tokens": completion,
+                     "total_tokens": counter.prompt_tokens + completion}
+            tail: dict[str, Any] = {"id": last.get("id"), "object": last.get("object"),
+                    "created": last.get("created"), "model": name, "choices": [],
+                    "usage": usage}
+            yield f"data: {json.dumps(tail)}\n\n"
+        yield "data: [DONE]\n\n"
+        daemon.work.record(name, time.monotonic() - started, tokens=max(completion, 0), ok=ok)
+    finally:
+        stop.set()
+        queue = registry.queue(lm.device)
+
+        def _done(_: Any) -> None:
+            # free the device only once the worker has left the runtime
+            queue.release()
+            registry.release(lm)
+
+        fut.add_done_callback(_done)

@@ -1,0 +1,65 @@
+"""A tensor model's declared inputs/outputs, read from the file without loading a runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgepilot.backends.base import TensorSpec
+from edgepilot.errors import ModelError
+from edgepilot.models import tflite_graph
+
+_TFLITE_DTYPES = {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8",
+                  "INT64": "int64", "INT16": "int16", "INT8": "int8", "BOOL": "bool",
+                  "FLOAT64": "float64"}
+
+
+def tensor_specs(path: Path, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """(inputs, outputs) of ``path``: names, numpy dtype names, shapes (None = dynamic)."""
+    if kind == "onnx":
+        return _onnx_specs(path)
+    if kind == "tflite":
+        return _tflite_specs(path)
+    if kind == "gguf":
+        return [TensorSpec("tokens", "int32", (None,))], [TensorSpec("logits", "float32",
+                                                                      (None,))]
+    raise ModelError(f"unknown model kind {kind!r}; allowed: gguf, onnx, tflite", field="kind")
+
+
+def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    import onnx
+    from onnx import helper
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError and friends
+        raise ModelError(f"{path.name} is not a readable ONNX model: {exc}", field="file") from None
+    inits = {i.name for i in model.graph.initializer}
+
+    def spec(vi: onnx.ValueInfoProto) -> TensorSpec:
+        tt = vi.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                      for d in tt.shape.dim)
+        return TensorSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name,
+                          shape)
+
+    return ([spec(v) for v in model.graph.input if v.name not in inits],
+            [spec(v) for v in model.graph.output])
+
+
+def _tflite_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    model = tflite_graph.load(path)
+    sg = model.subgraphs[0]
+    names = {v: k for k, v in vars(tflite_graph._schema().TensorType).items()
+             if not k.startswith("_")}
+
+    def spec(i: int) -> TensorSpec:
+        t = sg.tensors[i]
+        sig = t.shapeSignature if t.shapeSignature is not None and len(t.shapeSignature) else None
+        dims = sig if sig is not None else (t.shape if t.shape is not None else [])
+        name = t.name.decode() if isinstance(t.name, bytes) else str(t.name)
+        return TensorSpec(name, _TFLITE_DTYPES.get(names.get(t.type, ""), "unknown"),
+                          tuple(int(d) if int(d) >= 0 else None for d in dims))
+
+    return ([spec(int(i)) for i in sg.inputs], [spec(int(i)) for i in sg.outputs])
