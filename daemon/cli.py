@@ -24,6 +24,7 @@ log = logging.getLogger("edgepilot")
 # modules with ``add_parser(subparsers)``; later capabilities append theirs
 SUBCOMMANDS: list[str] = [
     "edgepilot.doctor",
+    "edgepilot.profile_cli",
 ]
 
 

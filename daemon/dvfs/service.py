@@ -1,12 +1,103 @@
-"""Attach point of this capability (see edgepilot.lifecycle.CAPABILITIES)."""
+"""Attach point of the DVFS capability: Board + ProfileManager, commands, start/stop service.
+
+Start: undo a journal left by a crash, then apply ``[dvfs] profile``. Stop: restore.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgepilot.board import Board
+from edgepilot.commands import NoParams
+from edgepilot.config import Config
+from edgepilot.dvfs.manager import ProfileManager
+from edgepilot.dvfs.profiles import ProfileStore
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
 
+log = logging.getLogger(__name__)
+
+
+class ApplyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, description="Profile name (profile.list).")
+
+
+def make_manager(config: Config, daemon: Any | None = None) -> ProfileManager:
+    """The ProfileManager for this config (used by the service and by the CLI)."""
+    board = daemon.board if daemon is not None and daemon.board is not None \
+        else Board(config.daemon.sysfs_root)
+    events = daemon.events if daemon is not None else None
+    return ProfileManager(board, ProfileStore(list(config.dvfs.profile_dirs)), config.state_dir,
+                          events, config.dvfs.command_timeout_s)
+
+
+class DvfsService:
+    name = "dvfs"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    async def start(self) -> None:
+        manager: ProfileManager = self.daemon.profiles
+        await self.daemon.run_blocking(manager.recover)
+        name = self.daemon.config.dvfs.profile
+        if name:
+            self.daemon.set_ready("dvfs", f"applying profile {name}")
+            await self.daemon.run_blocking(manager.apply, name)
+        self.daemon.set_ready("dvfs", None)
+
+    async def stop(self) -> None:
+        manager: ProfileManager = self.daemon.profiles
+        await self.daemon.run_blocking(manager.restore, "stop")
+
+    async def reload(self, old: Config, new: Config) -> None:
+        if old.dvfs.profile == new.dvfs.profile:
+            return
+        manager: ProfileManager = self.daemon.profiles
+        if new.dvfs.profile:
+            await self.daemon.run_blocking(manager.apply, new.dvfs.profile)
+        else:
+            await self.daemon.run_blocking(manager.restore, "config")
+
+
+async def _apply(daemon: Daemon, params: ApplyParams) -> dict[str, Any]:
+    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.apply, params.name)
+    return result
+
+
+async def _restore(daemon: Daemon, _: NoParams) -> dict[str, Any]:
+    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.restore, "command")
+    return result
+
+
+async def _list(daemon: Daemon, _: NoParams) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = await daemon.run_blocking(daemon.profiles.list)
+    return result
+
+
+async def _get(daemon: Daemon, _: NoParams) -> dict[str, Any]:
+    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.status)
+    return result
+
+
+def register_commands(daemon: Daemon) -> None:
+    reg = daemon.commands.register
+    reg("profile.apply", ApplyParams, _apply, mutating=True,
+        summary="Apply a DVFS profile (transactional)")
+    reg("profile.restore", NoParams, _restore, mutating=True,
+        summary="Restore the clocks edgepilot changed")
+    reg("profile.list", NoParams, _list, summary="DVFS profiles for this board")
+    reg("profile.get", NoParams, _get, summary="Active DVFS profile and current clocks")
+
 
 def attach(daemon: Daemon) -> list[Service]:
-    return []
+    daemon.board = Board(daemon.config.daemon.sysfs_root)
+    daemon.profiles = make_manager(daemon.config, daemon)
+    register_commands(daemon)
+    return [DvfsService(daemon)]

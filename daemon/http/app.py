@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 ROUTERS: list[str] = [
     "edgepilot.http.health",
     "edgepilot.http.commands",
+    "edgepilot.http.profile",
     "edgepilot.http.telemetry",
     "edgepilot.http.config",
     "edgepilot.http.openai",

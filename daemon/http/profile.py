@@ -1,0 +1,33 @@
+"""``GET /v1/profile`` (active profile and clocks) and ``PUT /v1/profile`` (apply one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgepilot.http.auth import require_token
+
+router = APIRouter()
+
+
+class ProfileBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, description="Profile to apply.")
+
+
+@router.get("/v1/profile", summary="Active DVFS profile and the board's current clocks")
+async def get_profile(request: Request) -> dict[str, Any]:
+    daemon = request.app.state.daemon
+    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.status)
+    return result
+
+
+@router.put("/v1/profile", dependencies=[Depends(require_token)],
+            summary="Apply a DVFS profile (rolled back entirely on failure)")
+async def put_profile(request: Request, body: ProfileBody) -> dict[str, Any]:
+    daemon = request.app.state.daemon
+    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.apply, body.name)
+    return result
