@@ -46,7 +46,7 @@ class CostBuilder:
     excluded: set[str] = field(default_factory=set)
     factors: dict[str, float] = field(default_factory=dict)   # observed/predicted drift
     forced: dict[int, str] = field(default_factory=dict)      # repair: layer -> reference
-    freq_khz: float = 0.0
+    freqs: dict[str, float] = field(default_factory=dict)     # device -> kHz now
     budgets: dict[str, float] = field(default_factory=dict)
     rooflines: dict[str, Roofline] = field(default_factory=dict)
 
@@ -67,7 +67,8 @@ class CostBuilder:
         for target in self.profile.targets:
             samples = self.samples(target)
             if samples:
-                self.rooflines[target] = costmodel.fit(samples, self.profile.freq_khz)
+                self.rooflines[target] = costmodel.fit(
+                    samples, self.profile.freqs.get(device_of(target), 0.0))
 
     def predicted_layer(self, i: int, target: str) -> float | None:
         """Roofline prediction for layer ``i`` on ``target`` at the current frequency."""
@@ -77,18 +78,20 @@ class CostBuilder:
         layer = self.part.layers[i]
         nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes,
                                        Target.parse(target).precision)
-        return model.predict(layer.flops, nbytes, self.freq_khz) * self.factors.get(target, 1.0)
+        now = self.freqs.get(device_of(target), 0.0)
+        return model.predict(layer.flops, nbytes, now) * self.factors.get(target, 1.0)
 
     def freq_scale(self, target: str, i: int) -> float:
         """How much slower layer ``i`` is predicted to be now than when it was measured."""
         model = self.rooflines.get(target)
-        if model is None or self.freq_khz <= 0 or model.fit_freq_khz <= 0:
+        freq = self.freqs.get(device_of(target), 0.0)
+        if model is None or freq <= 0 or model.fit_freq_khz <= 0:
             return 1.0
         layer = self.part.layers[i]
         nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes,
                                        Target.parse(target).precision)
         then = model.predict(layer.flops, nbytes)
-        now = model.predict(layer.flops, nbytes, self.freq_khz)
+        now = model.predict(layer.flops, nbytes, freq)
         return now / then if then > 0 else 1.0
 
     def eligible(self, i: int, target: str) -> bool:

@@ -48,7 +48,7 @@ class ProfileTable:
     cells: list[dict[str, Cell]]
     overhead_ms: dict[str, float]
     bandwidth_bytes_per_ms: float
-    freq_khz: float = 0.0
+    freqs: dict[str, float] = field(default_factory=dict)  # device -> kHz when measured
     metric: str = "rel_l2"
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,0 +1,289 @@
+"""One model under the dispatcher: measure, plan, check, run, watch and replan (synchronous).
+
+:meth:`ModelDispatch.prepare` partitions the file, loads the profile from the plan cache or
+measures it, plans, compiles the segments, checks the whole plan's output error (repairing the
+worst layers back to the fp32 reference until it is within tolerance) and times it end to end.
+:meth:`ModelDispatch.run` serves a request; a failing target is excluded, the model replanned
+and the same request retried, so no request is lost. Drift and clock changes replan too, but a
+new plan is applied only when it is predicted to win by more than the hysteresis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
+from edgepilot.dispatch.monitor import Monitor, worth_switching
+from edgepilot.dispatch.partition import Partition, partition
+from edgepilot.dispatch.plan import CostBuilder, Plan, choose
+from edgepilot.dispatch.plan_cache import PlanCache, cache_key
+from edgepilot.dispatch.planner import CostTable, plan_cost, solve
+from edgepilot.dispatch.profiler import Profiler, ProfileTable, Progress, median_ms
+from edgepilot.dispatch.targets import reference_target
+from edgepilot.dispatch.tolerance import output_error
+from edgepilot.errors import EdgepilotError, PlanError
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[..., Any]
+
+
+@dataclass
+class DispatchOptions:
+    tolerance: float = 0.05
+    metric: str = "rel_l2"
+    runs: int = 7
+    warmup: int = 2
+    drift_threshold: float = 0.5
+    hysteresis: float = 0.05
+    calibration_inputs: int = 2
+    max_layers: int = 48
+
+
+def random_inputs(exe: Executable, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Calibration inputs shaped like ``exe``'s inputs (symbolic dims = 1), N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(count):
+        feed = {}
+        for spec in exe.inputs:
+            shape = [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape]
+            dtype = np.dtype(spec.dtype)
+            if np.issubdtype(dtype, np.floating):
+                feed[spec.name] = rng.standard_normal(shape).astype(dtype)
+            else:
+                feed[spec.name] = rng.integers(0, 8, size=shape).astype(dtype)
+        feeds.append(feed)
+    return feeds
+
+
+class ModelDispatch:
+    """Plans and serves one ONNX/TFLite model; every public method is thread-safe."""
+
+    def __init__(self, name: str, path: Path, backends: Mapping[str, Backend],
+                 targets: list[Target], opts: DispatchOptions, *,
+                 cache: PlanCache | None = None, key_parts: dict[str, Any] | None = None,
+                 freqs: dict[str, float] | None = None, budgets: dict[str, float] | None = None,
+                 progress: Progress | None = None, emit: Emit | None = None) -> None:
+        self.name = name
+        self.path = Path(path)
+        self.backends = backends
+        self.targets = targets
+        self.opts = opts
+        self.cache = cache
+        self.key_parts = dict(key_parts or {})
+        self.freqs = dict(freqs or {})
+        self.budgets = dict(budgets or {})
+        self.progress = progress
+        self.emit = emit or (lambda kind, **fields: None)
+        self.monitor = Monitor(opts.drift_threshold)
+        self.from_cache = False
+        self._lock = threading.RLock()
+        self.part: Partition | None = None
+        self.builder: CostBuilder | None = None
+        self.plan: Plan | None = None
+        self.compiled: CompiledPlan | None = None
+        self.reference: Target | None = None
+        self.calibration: list[dict[str, np.ndarray]] = []
+        self.ref_outputs: list[dict[str, np.ndarray]] = []
+
+    # ---- planning -----------------------------------------------------------------------------
+    def prepare(self) -> Plan:
+        """Partition, profile (or load the cached profile), plan, check and time."""
+        with self._lock:
+            part = partition(self.path, max_layers=self.opts.max_layers)
+            self.part = part
+            self.reference = ref = reference_target(self.targets, part.kind)
+            ref_exe = self._backend(ref).compile(part.segment(0, len(part.layers)), ref)
+            self.calibration = random_inputs(ref_exe, self.opts.calibration_inputs)
+            self.ref_outputs = [ref_exe.run(feed) for feed in self.calibration]
+            key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
+                             "targets": [str(t) for t in self.targets],
+                             "tolerance": self.opts.tolerance, "metric": self.opts.metric,
+                             "runs": self.opts.runs, "layers": [lay.name for lay in part.layers]})
+            cached = self.cache.load(self.name, key) if self.cache else None
+            forced: dict[int, str] = {}
+            if cached is not None:
+                profile = ProfileTable.from_dict(cached["profile"])
+                forced = {int(k): v for k, v in cached.get("forced", {}).items()}
+                self.from_cache = True
+            else:
+                profiler = Profiler(part, self.backends, self.targets, ref, self.calibration,
+                                    runs=self.opts.runs, warmup=self.opts.warmup,
+                                    metric=self.opts.metric, progress=self.progress)
+                profile = profiler.profile()
+                profile.freqs = dict(self.freqs)
+            self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
+                                       freqs=dict(self.freqs), budgets=dict(self.budgets))
+            plan, compiled = self._build("cache" if self.from_cache else "initial")
+            if self.cache is not None:
+                self.cache.store(self.name, key, {
+                    "model": self.name, "parts": self.key_parts,
+                    "profile": profile.as_dict(),
+                    "forced": {str(k): v for k, v in self.builder.forced.items()},
+                    "plan": plan.as_dict()})
+            self._install(plan, compiled)
+            return plan
+
+    def _backend(self, target: Target) -> Backend:
+        try:
+            return self.backends[target.backend]
+        except KeyError:
+            raise PlanError(f"backend {target.backend!r} is not loaded; loaded: "
+                            f"{', '.join(self.backends)}", field="targets") from None
+
+    def _compile(self, plan: Plan, table: CostTable) -> CompiledPlan:
+        assert self.part is not None
+        segs = []
+        for target, s, e in plan.segments:
+            t = table.targets.index(target)
+            pred = sum(table.layer_ms[i][t] or 0.0 for i in range(s, e)) + table.enter_ms[t] \
+                + (table.hop_ms[s] if s else 0.0)
+            seg = self.part.segment(s, e)
+            exe = self._backend(Target.parse(target)).compile(seg, Target.parse(target))
+            segs.append(CompiledSegment(target, s, e, seg, exe, pred))
+        return CompiledPlan(segs, self.part.outputs)
+
+    def check_error(self, compiled: CompiledPlan) -> float:
+        """Whole-plan output error against the fp32 reference on the calibration inputs."""
+        return max(output_error(compiled.run(feed)[0], ref, self.opts.metric)
+                   for feed, ref in zip(self.calibration, self.ref_outputs, strict=True))
+
+    def _build(self, reason: str) -> tuple[Plan, CompiledPlan]:
+        """Plan, compile, check; repair (worst layer back to fp32) until within tolerance."""
+        assert self.builder is not None and self.reference is not None
+        ref = str(self.reference)
+        while True:
+            plan = choose(self.name, self.builder, reason)
+            compiled = self._compile(plan, self.builder.table())
+            err = self.check_error(compiled)
+            movable = [(self.builder.profile.cells[i][t].error or 0.0, i)
+                       for i, t in enumerate(plan.targets) if t != ref]
+            if err <= self.opts.tolerance or not movable:
+                break
+            _, worst = max(movable)
+            log.info("plan for %s: error %.4f over tolerance %.4f; moving layer %d to %s",
+                     self.name, err, self.opts.tolerance, worst, ref)
+            self.builder.forced[worst] = ref
+        plan.error = err
+        feed = self.calibration[0]
+        plan.measured_ms = median_ms(lambda: compiled.run(feed), self.opts.runs, 1)
+        return plan, compiled
+
+    def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
+        old = self.plan
+        # old executables are dropped, not closed: a request may still be running on them
+        self.plan, self.compiled = plan, compiled
+        self.monitor.reset([s.predicted_ms for s in compiled.segments])
+        if old is not None and old.hash != plan.hash:
+            self.emit("plan.changed", model=self.name, hash=plan.hash, previous=old.hash,
+                      reason=plan.reason, predicted_ms=round(plan.predicted_ms, 4),
+                      measured_ms=plan.measured_ms)
+
+    def replan(self, reason: str, force: bool = False) -> tuple[bool, Plan]:
+        """Replan on the current costs; apply when forced or predicted to gain > hysteresis."""
+        with self._lock:
+            if self.builder is None or self.plan is None or self.compiled is None:
+                return True, self.prepare()
+            table = self.builder.table()
+            current = [table.targets.index(t) for t in self.plan.targets]
+            current_cost = plan_cost(table, current)
+            assign, new_cost = solve(table)
+            if assign == current or not (force or current_cost == float("inf")
+                                         or worth_switching(current_cost, new_cost,
+                                                            self.opts.hysteresis)):
+                # keep the plan, but expect what the new costs say so drift does not re-fire
+                self.monitor.reset(self._predictions(table))
+                log.info("replan of %s (%s): keeping %s (%.3f ms vs %.3f ms)", self.name,
+                         reason, self.plan.hash, current_cost, new_cost)
+                return False, self.plan
+            plan, compiled = self._build(reason)
+            self._install(plan, compiled)
+            return True, plan
+
+    def _predictions(self, table: CostTable) -> list[float]:
+        assert self.compiled is not None
+        out = []
+        for seg in self.compiled.segments:
+            t = table.targets.index(seg.target)
+            out.append(sum(table.layer_ms[i][t] or 0.0 for i in range(seg.start, seg.end))
+                       + table.enter_ms[t] + (table.hop_ms[seg.start] if seg.start else 0.0))
+        return out
+
+    def set_clocks(self, freqs: dict[str, float], reason: str) -> tuple[bool, Plan]:
+        """A DVFS profile or thermal change: re-predict at the new clocks and replan."""
+        with self._lock:
+            self.freqs = dict(freqs)
+            if self.builder is not None:
+                self.builder.freqs = dict(freqs)
+            return self.replan(reason)
+
+    # ---- serving ------------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+        """Serve one request; a failing target is excluded and the request retried."""
+        if self.compiled is None:
+            self.prepare()
+        for _ in range(len(self.targets) + 1):
+            with self._lock:
+                compiled, plan = self.compiled, self.plan
+            assert compiled is not None and plan is not None
+            try:
+                outputs, times = compiled.run(inputs)
+            except SegmentFault as fault:
+                log.warning("model %s: %s; excluding %s and replanning", self.name,
+                            fault.message, fault.target)
+                self.emit("backend.fault", model=self.name, target=fault.target,
+                          message=fault.message, plan=plan.hash)
+                self._exclude(fault.target, plan.hash)
+                continue
+            with self._lock:
+                drifted = self.monitor.observe(times) if compiled is self.compiled else []
+                if drifted:
+                    self._on_drift(drifted)
+            return outputs, plan.hash
+        raise PlanError(f"model {self.name}: every target failed for this request; "
+                        "see the backend.fault events", field="model")
+
+    def _exclude(self, target: str, seen_hash: str) -> None:
+        with self._lock:
+            assert self.builder is not None and self.plan is not None
+            if self.plan.hash != seen_hash and target not in self.plan.targets:
+                return  # another request already replanned around it
+            self.builder.excluded.add(target)
+            try:
+                self.replan(f"fault:{target}", force=True)
+            except EdgepilotError as exc:
+                log.error("model %s: no plan without %s: %s", self.name, target, exc.message)
+                raise
+
+    def _on_drift(self, drifted: list[int]) -> None:
+        assert self.builder is not None and self.compiled is not None
+        for k in drifted:
+            seg = self.compiled.segments[k]
+            ratio = self.monitor.ratio(k)
+            self.builder.factors[seg.target] = self.builder.factors.get(seg.target, 1.0) * ratio
+            log.info("model %s: segment %d on %s drifted (x%.2f)", self.name, k, seg.target,
+                     ratio)
+        self.replan("drift")
+
+    # ---- explain ------------------------------------------------------------------------------
+    def explain(self) -> dict[str, Any]:
+        """The plan JSON of issue 6 plus monitor state."""
+        with self._lock:
+            if self.plan is None:
+                self.prepare()
+            assert self.plan is not None and self.builder is not None
+            data = self.plan.as_dict()
+            data["tolerance"] = self.opts.tolerance
+            data["from_cache"] = self.from_cache
+            data["excluded"] = sorted(self.builder.excluded)
+            data["monitor"] = self.monitor.snapshot()
+            return data

@@ -1,0 +1,106 @@
+"""What the dispatcher plans over: loaded backends, their targets, clocks and versions."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from edgepilot.backends import BACKENDS, load_backend
+from edgepilot.backends.base import Backend, BackendUnavailable, Target
+from edgepilot.config import Config
+from edgepilot.errors import ConfigError, EdgepilotError
+
+log = logging.getLogger(__name__)
+
+# tensor backends only: llama.cpp plans GGUF models by n_gpu_layers, not per layer
+TENSOR_BACKENDS = ("onnxruntime", "tflite", "armnn")
+REFERENCE = {"onnx": ("onnxruntime", "cpu", "fp32")}
+
+
+def load_backends(config: Config, state_dir: Path) -> dict[str, Backend]:
+    """Every enabled, installed tensor backend; missing ones are logged and skipped."""
+    enabled = config.backends.enabled
+    names = [n for n in TENSOR_BACKENDS if enabled is None or n in enabled]
+    out: dict[str, Backend] = {}
+    for name in names:
+        if name not in BACKENDS:
+            continue
+        try:
+            backend = load_backend(name, getattr(config.backends, name, None))
+            backend.probe()
+        except BackendUnavailable as exc:
+            log.info("backend %s unavailable: %s", name, exc.message)
+            continue
+        except EdgepilotError as exc:
+            log.warning("backend %s failed to start: %s", name, exc.message)
+            continue
+        if hasattr(backend, "cache_dir"):
+            # quantized variants and cut segments survive restarts in the state dir
+            backend.cache_dir = state_dir / "cache" / name
+        out[name] = backend
+    return out
+
+
+def available_targets(backends: dict[str, Backend], allowed: list[str] | None) -> list[Target]:
+    """Targets of the loaded backends, filtered by ``[dispatch] targets``."""
+    found: list[Target] = []
+    for backend in backends.values():
+        try:
+            found.extend(backend.probe())
+        except EdgepilotError as exc:
+            log.warning("probe of %s failed: %s", backend.name, exc.message)
+    if allowed is None:
+        return found
+    names = {str(t) for t in found}
+    unknown = [a for a in allowed if a not in names]
+    if unknown:
+        raise ConfigError(f"dispatch.targets names {', '.join(unknown)}, not available here; "
+                          f"allowed: {', '.join(sorted(names))}", field="dispatch.targets")
+    return [t for t in found if str(t) in allowed]
+
+
+def reference_target(targets: list[Target], kind: str) -> Target:
+    """The fp32 target errors are measured against: ORT CPU for ONNX, the fp32 TFLite one
+    (else any fp32) for TFLite."""
+    want = REFERENCE.get(kind)
+    if want is not None and Target(*want) in targets:
+        return Target(*want)
+    preferred = [t for t in targets if t.precision == "fp32" and t.backend == "tflite"]
+    fp32 = preferred or [t for t in targets if t.precision == "fp32"]
+    if not fp32:
+        raise ConfigError(f"no fp32 target to use as the reference for a {kind} model; "
+                          "enable onnxruntime (ONNX) or tflite (TFLite)", field="dispatch.targets")
+    return fp32[0]
+
+
+def board_freqs(board: Any) -> dict[str, float]:
+    """Current clocks per device kind in kHz (cpu = fastest policy); {} without a board."""
+    if board is None:
+        return {}
+    try:
+        sample = board.sample()
+    except Exception as exc:  # a sysfs hiccup must not break planning; plan at scale 1
+        log.debug("board sample failed: %s", exc)
+        return {}
+    out: dict[str, float] = {}
+    cpu = [float(p.get("cur_khz") or 0) for p in (sample.cpu or {}).values()]
+    if any(cpu):
+        out["cpu"] = max(cpu)
+    for dev in (sample.devfreq or {}).values():
+        kind, hz = dev.get("kind"), float(dev.get("cur_hz") or 0)
+        if kind in ("gpu", "npu") and hz:
+            out[kind] = max(out.get(kind, 0.0), hz / 1000)
+    return out
+
+
+def board_id(board: Any) -> str:
+    identity = getattr(board, "identity", None)
+    if identity is None:
+        return "unknown"
+    data = identity.as_dict() if hasattr(identity, "as_dict") else {"id": str(identity)}
+    return f"{data.get('family') or 'generic'}:{data.get('model') or 'unknown'}"
+
+
+def runtime_versions(backends: dict[str, Backend]) -> dict[str, str]:
+    return {name: str(b.version() or "?") for name, b in sorted(backends.items())}
