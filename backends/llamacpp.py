@@ -76,7 +76,7 @@ class LlamaExecutable(Executable):
         self.llm = llm
         self.info = info
         self.target = target
-        self.n_ctx = n_ctx
+        self.n_ctx = int(llm.n_ctx())  # llama.cpp pads the requested context
         self.kv_type = kv_type
         self.n_gpu_layers = n_gpu_layers
         self.lock = threading.Lock()
@@ -95,10 +95,13 @@ class LlamaExecutable(Executable):
         tokens = [int(t) for t in np.asarray(inputs["tokens"]).reshape(-1)]
         if not tokens or len(tokens) > self.n_ctx:
             raise BackendError(f"'tokens' must hold 1..{self.n_ctx} ids", field="inputs.tokens")
+        llama_cpp = _import()
         with self.lock:
             self.llm.reset()
             self.llm.eval(tokens)
-            logits = np.array(self.llm.scores[self.llm.n_tokens - 1], dtype=np.float32)
+            # llama-cpp-python keeps no scores without logits_all; read the last row directly
+            ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+            logits = np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
         return {"logits": logits}
 
     def tokenize(self, text: str) -> list[int]:

@@ -17,6 +17,13 @@ from edgepilot.errors import ModelError
 KV_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 # llama.cpp reserves compute buffers next to weights and KV; a flat margin keeps estimates honest
 COMPUTE_OVERHEAD_BYTES = 32 * 1024 * 1024
+# llama.cpp pads the context to a multiple of 256 cells; the KV cache is sized on that
+CTX_PAD = 256
+
+
+def effective_ctx(n_ctx: int) -> int:
+    """The context length llama.cpp actually allocates for a requested ``n_ctx``."""
+    return max(CTX_PAD, -(-n_ctx // CTX_PAD) * CTX_PAD)
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,8 @@ class GgufInfo:
     chat_template: str | None
 
     def kv_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:
-        """KV cache size for ``n_ctx`` tokens."""
-        return int(2 * self.n_layers * n_ctx * self.n_kv_heads * self.head_dim
+        """KV cache size for ``n_ctx`` tokens (padded as llama.cpp pads it)."""
+        return int(2 * self.n_layers * effective_ctx(n_ctx) * self.n_kv_heads * self.head_dim
                    * KV_BYTES[kv_type])
 
     def estimate_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:

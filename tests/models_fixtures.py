@@ -1,0 +1,61 @@
+"""Model files for backend/registry/API tests: generated ones and real ones from packages.
+
+Real models come from registry packages installed with ``--no-deps`` (``pyopen-wakeword``'s
+.tflite files, ``silero-vad``'s .onnx files); they are located through the package's import
+spec without importing it (silero_vad's ``__init__`` needs torch).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from daemon_proc import DaemonProcess
+from edgepilot.models.gguf_gen import GgufSpec, write_gguf
+from edgepilot.models.tflite_gen import write_mlp_tflite
+
+
+def package_file(package: str, *parts: str) -> Path:
+    """A data file shipped inside an installed package (fails loudly when it is missing)."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations, (
+        f"package {package} is not installed; see the Makefile's pip --no-deps line")
+    path = Path(next(iter(spec.submodule_search_locations)), *parts)
+    assert path.is_file(), f"{path} missing from the {package} package"
+    return path
+
+
+def wakeword_tflite(name: str = "alexa") -> Path:
+    return package_file("pyopen_wakeword", "models", f"{name}.tflite")
+
+
+def silero_onnx() -> Path:
+    return package_file("silero_vad", "data", "silero_vad_16k_op15.onnx")
+
+
+@pytest.fixture(scope="session")
+def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-block random llama GGUF, SPM tokenizer, Q8_0 weights."""
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", GgufSpec())
+
+
+@pytest.fixture(scope="session")
+def mlp_tflite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_mlp_tflite(tmp_path_factory.mktemp("tflite") / "mlp.tflite")
+
+
+def start_daemon(tmp: Path, config: str) -> DaemonProcess:
+    """A real daemon subprocess (MQTT off) serving ``tmp/models``."""
+    cfg = "[mqtt]\nenabled = false\n" + config
+    d = DaemonProcess(tmp, cfg, extra_args=["--model-dir", str(tmp / "models")])
+    d.start()
+    d.wait_for("/readyz", timeout=120)
+    return d
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("daemon")

@@ -1,0 +1,109 @@
+"""llama.cpp backend on generated GGUF files: memory estimate, n_gpu_layers plumbing, run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from llama_cpp import Llama
+
+from edgepilot.backends.base import Segment, Target
+from edgepilot.backends.llamacpp import LlamaCppBackend, n_gpu_layers_for
+from edgepilot.config import LlamacppSection
+from edgepilot.errors import BackendError
+from edgepilot.models.gguf_gen import CHAT_TEMPLATE, GgufSpec, write_gguf
+from edgepilot.models.gguf_info import COMPUTE_OVERHEAD_BYTES, effective_ctx, read_gguf_info
+from models_fixtures import gguf_path  # noqa: F401 - fixture
+
+CPU = Target("llamacpp", "cpu", "native")
+
+
+def whole(path: Path) -> Segment:
+    return Segment(path, "gguf", ("tokens",), ("logits",))
+
+
+@pytest.mark.parametrize("tokenizer", ["spm", "bpe"])
+@pytest.mark.parametrize("weights", ["f16", "q8_0", "q4_0"])
+def test_generated_gguf_loads_with_its_tokenizer_and_template(
+        tmp_path: Path, tokenizer: str, weights: str) -> None:
+    path = write_gguf(tmp_path / "m.gguf", GgufSpec(tokenizer=tokenizer,  # type: ignore[arg-type]
+                                                    weight_type=weights))  # type: ignore[arg-type]
+    info = read_gguf_info(path)
+    assert info.weight_type == weights
+    assert info.chat_template == CHAT_TEMPLATE
+    exe = LlamaCppBackend(LlamacppSection(n_ctx=128)).compile(whole(path), CPU)
+    try:
+        assert exe.target == Target("llamacpp", "cpu", weights)
+        out = exe.chat([{"role": "user", "content": "hello board"}],  # type: ignore[attr-defined]
+                       max_tokens=4, temperature=0)
+        assert out["usage"]["prompt_tokens"] > 3
+        assert out["choices"][0]["message"]["role"] == "assistant"
+    finally:
+        exe.close()
+
+
+def test_memory_estimate_is_weights_plus_kv(gguf_path: Path) -> None:  # noqa: F811
+    info = read_gguf_info(gguf_path)
+    spec = GgufSpec()
+    assert (info.n_layers, info.n_kv_heads, info.head_dim) == (
+        spec.n_layers, spec.n_kv_heads, spec.n_embd // spec.n_heads)
+    kv = 2 * spec.n_layers * 1024 * spec.n_kv_heads * (spec.n_embd // spec.n_heads) * 2
+    assert info.kv_bytes(1024, "f16") == kv
+    assert info.kv_bytes(1024, "f32") == 2 * kv
+    assert info.estimate_bytes(1024) == info.weights_bytes + kv + COMPUTE_OVERHEAD_BYTES
+    assert 0 < info.weights_bytes < gguf_path.stat().st_size
+    assert info.kv_bytes(100) == info.kv_bytes(256)  # llama.cpp pads ctx to 256 cells
+
+
+def test_n_gpu_layers_is_the_gpu_suffix() -> None:
+    assert n_gpu_layers_for(None, 32) == 32
+    assert n_gpu_layers_for((20, 32), 32) == 12
+    assert n_gpu_layers_for((0, 32), 32) == 32
+    with pytest.raises(BackendError, match="only the last blocks") as err:
+        n_gpu_layers_for((0, 16), 32)
+    assert err.value.field == "segment.layers"
+    with pytest.raises(BackendError, match="outside"):
+        n_gpu_layers_for((5, 40), 32)
+
+
+def test_supports_refuses_what_llamacpp_cannot_do(gguf_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    backend = LlamaCppBackend()
+    assert backend.probe()[0] == CPU
+    assert backend.supports(whole(gguf_path), CPU)
+    assert backend.supports(whole(gguf_path), Target("llamacpp", "cpu", "q8_0"))
+    no = backend.supports(whole(gguf_path), Target("llamacpp", "cpu", "q4_0"))
+    assert not no and "q8_0" in no.reason
+    onnx = backend.supports(Segment(tmp_path / "m.onnx", "onnx", ("x",), ("y",)), CPU)
+    assert not onnx and "GGUF" in onnx.reason
+    if not backend.gpu_offload():  # the CPU wheel: a gpu target is refused with the reason
+        gpu = backend.supports(whole(gguf_path), Target("llamacpp", "gpu", "native"))
+        assert not gpu and "GPU offload" in gpu.reason
+
+
+def test_run_matches_llama_logits_and_plumbs_options(gguf_path: Path) -> None:  # noqa: F811
+    settings = LlamacppSection(n_ctx=64, n_gpu_layers=2, use_mlock=False)
+    exe = LlamaCppBackend(settings).open(gguf_path)
+    ref = Llama(str(gguf_path), n_ctx=64, logits_all=True, verbose=False)
+    try:
+        assert exe.llm.model_params.n_gpu_layers == 2
+        assert exe.llm.n_ctx() == effective_ctx(64) == 256
+        tokens = ref.tokenize(b"hello edge board")
+        out = exe.run({"tokens": np.array(tokens, dtype=np.int32)})["logits"]
+        ref.eval(tokens)
+        want = np.array(ref.scores[ref.n_tokens - 1])
+        assert out.shape == (ref.n_vocab(),)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+        with pytest.raises(BackendError, match="tokens"):
+            exe.run({"ids": np.array([1], dtype=np.int32)})
+        assert exe.memory_bytes == read_gguf_info(gguf_path).estimate_bytes(64)
+    finally:
+        exe.close()
+        ref.close()
+
+
+def test_quantized_kv_without_flash_attn_is_refused(gguf_path: Path) -> None:  # noqa: F811
+    backend = LlamaCppBackend(LlamacppSection(kv_cache_type="q8_0", flash_attn=False))
+    with pytest.raises(BackendError, match="flash_attn") as err:
+        backend.open(gguf_path)
+    assert err.value.field == "backends.llamacpp.kv_cache_type"
