@@ -7,6 +7,7 @@ persistence so persistent sessions survive the restart.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -15,14 +16,15 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+T = TypeVar("T")
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 
@@ -125,6 +127,7 @@ class Recorder:
         self.messages: list[mqtt.MQTTMessage] = []
         self.lock = threading.Lock()
         self.connected = threading.Event()
+        self.subscribed = threading.Event()
         self.topics = topics
         self.qos = qos
         self.v5 = v5
@@ -139,8 +142,9 @@ class Recorder:
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
         self.client.on_disconnect = lambda *a: self.connected.clear()
+        self.client.on_subscribe = lambda *a: self.subscribed.set()
         props = None
-        clean_start: Any = True
+        clean_start: Any = True if v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY
         if v5:
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
@@ -150,14 +154,16 @@ class Recorder:
                 props.SessionExpiryInterval = 3600
                 clean_start = False
         self.client.connect_async(broker.host, broker.port, keepalive=10,
-                                  clean_start=clean_start if v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+                                  clean_start=clean_start,
                                   properties=props)
         self.client.loop_start()
-        wait_for(self.connected.is_set, what="test subscriber connected")
+        wait_for(self.subscribed.is_set, what="test subscriber subscribed")
 
     def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, reason: Any, _p: Any) -> None:
         if not flags.session_present or not self.persistent:
             client.subscribe([(t, self.qos) for t in self.topics])
+        else:
+            self.subscribed.set()  # the broker kept the session's subscriptions
         self.connected.set()
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
@@ -174,3 +180,82 @@ class Recorder:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class LoopThread:
+    """An asyncio loop in a thread, so a test can run daemon services and block on paho."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop",
+                                       daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run a plain function on the loop thread (where daemon code expects to run)."""
+        async def wrapper() -> T:
+            return fn()
+        return self.run(wrapper(), timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class InProcessDaemon:
+    """A Daemon with status, telemetry and MQTT attached and started on a LoopThread.
+
+    The real services, the real broker; only the HTTP server and the other capabilities are
+    left out, which these tests do not exercise.
+    """
+
+    def __init__(self, state_dir: Path, broker: Broker, *, mqtt_cfg: dict[str, Any] | None = None,
+                 telemetry: dict[str, Any] | None = None) -> None:
+        from edgepilot import status
+        from edgepilot.config import parse_config
+        from edgepilot.lifecycle import Daemon
+        from edgepilot.mqtt import service as mqtt_service
+        from edgepilot.telemetry import service as telemetry_service
+
+        mqtt_section = {"host": broker.host, "port": broker.port, "device_id": "dev1",
+                        "reconnect_min_s": 0.05, "reconnect_max_s": 0.5, **(mqtt_cfg or {})}
+        cfg = parse_config({"daemon": {"state_dir": str(state_dir), "demo_models": False},
+                            "telemetry": telemetry or {"sample_interval_s": 0.1,
+                                                       "publish_interval_s": 3600},
+                            "mqtt": mqtt_section})
+        self.daemon = Daemon(cfg)
+        for mod in (status, telemetry_service, mqtt_service):
+            self.daemon.services.extend(mod.attach(self.daemon))
+        self.lt = LoopThread()
+        self.started = False
+
+    async def _start(self) -> None:
+        for svc in self.daemon.services:
+            await svc.start()
+
+    async def _stop(self) -> None:
+        for svc in reversed(self.daemon.services):
+            await svc.stop()
+
+    def start(self) -> InProcessDaemon:
+        self.lt.run(self._start())
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        """Stop the services (clean stop: retained offline, seq and spool saved); idempotent."""
+        if self.started:
+            self.lt.run(self._stop())
+            self.started = False
+        if not self.lt.loop.is_closed():
+            self.lt.close()
+            self.daemon.executor.shutdown(wait=False)
+
+    def report(self) -> dict[str, Any]:
+        """Build and publish one telemetry report now (as the sampler does on its period)."""
+        result: dict[str, Any] = self.lt.call(lambda: self.daemon.telemetry.report())
+        return result

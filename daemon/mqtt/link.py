@@ -223,7 +223,7 @@ class MqttLink:
 
     def _cb_connect_fail(self, _c: mqtt.Client, _u: Any) -> None:
         level = logging.DEBUG if self._fail_logged else logging.WARNING
-        log.log(level, "MQTT broker %s:%d unreachable; retrying with backoff (up to %.0fs); "
+        log.log(level, "MQTT broker %s:%d unreachable; retrying with backoff (up to %.1fs); "
                 "messages are buffered", self.cfg.host, self.cfg.port, self.cfg.reconnect_max_s)
         self._fail_logged = True
 

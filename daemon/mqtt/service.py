@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SPOOL_FILE = "mqtt-spool.jsonl"
+SPOOL_PERIOD_S = 1.0  # how stale the spool file may get (written only when the buffer changed)
 # events after which the retained status is refreshed (it carries profile, backends)
 _STATUS_EVENTS = ("profile.", "model.", "config.reloaded")
 
@@ -173,7 +174,7 @@ class MqttService:
         # keep the spool file close to the buffer so a crash loses little; it is rewritten only
         # when the buffer changed, and removed once the buffer is empty again
         while True:
-            await asyncio.sleep(max(1.0, self.daemon.config.telemetry.publish_interval_s))
+            await asyncio.sleep(SPOOL_PERIOD_S)
             await self.daemon.run_blocking(self.outbox.save)
 
 
