@@ -1,0 +1,71 @@
+"""``edgepilot profile ...`` as a real subprocess on fake board trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from board_fixtures import BIN_DIR, FakeBoard, fake_board
+
+__all__ = ["fake_board"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(fake: FakeBoard, state: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}",
+           "EDGEPILOT_FAKE_ROOT": str(fake.root)}
+    proc = subprocess.run([sys.executable, "-m", "edgepilot", "--sysfs-root", str(fake.root),
+                           "--state-dir", str(state), "profile", *args],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert (proc.returncode == 0) == ok, proc.stderr
+    return proc
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(proc.stdout)
+
+
+def test_list_show_apply_status_restore_json(fake_board, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fake = fake_board("orin")
+    state = tmp_path / "state"
+    before = fake.files()
+    names = {p["name"]: p for p in as_json(cli(fake, state, "list", "--json"))}
+    assert set(names) == {"performance", "maxn", "balanced", "powersave", "inference"}
+    assert names["maxn"]["source"].endswith("jetson-orin.toml") and names["maxn"]["valid"]
+    shown = as_json(cli(fake, state, "show", "inference", "--json"))
+    gpu = next(t for t in shown["plan"]["targets"] if t["name"] == "17000000.gpu")
+    assert gpu["min_hz"] == gpu["max_hz"] == 918000000  # pin = max, no userspace: min = max
+    applied = as_json(cli(fake, state, "apply", "balanced", "--json"))
+    assert applied["profile"] == "balanced" and applied["nvpmodel"] == 3
+    assert fake.read("/var/lib/nvpmodel/status") == "pmode:0003\n"
+    status = as_json(cli(fake, state, "status", "--json"))
+    assert status["active"] == "balanced" and status["family"] == "jetson-orin"
+    assert status["cpu"]["policy0"]["max_khz"] == 1497600  # nvpmodel 25W cap
+    assert status["devfreq"]["17000000.gpu"]["governor"] == "nvhost_podgov"
+    restored = as_json(cli(fake, state, "restore", "--json"))
+    assert restored["restored"] is True and restored["profile"] == "balanced"
+    assert fake.files() == before
+
+
+def test_human_output_and_errors(fake_board, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fake = fake_board("rpi5")
+    state = tmp_path / "state"
+    assert "powersave" in cli(fake, state, "list").stdout
+    out = cli(fake, state, "apply", "powersave").stdout
+    assert "scaling_max_freq = 1900000" in out
+    assert "active profile: powersave" in cli(fake, state, "status").stdout
+    err = cli(fake, state, "apply", "turbo", ok=False).stderr
+    assert "unknown profile 'turbo'" in err and "allowed: balanced, performance, powersave" in err
+    assert "restored" in cli(fake, state, "restore").stdout
+    assert cli(fake, state, "restore").stdout.strip() == "nothing to restore"
+
+
+@pytest.mark.parametrize("verb", ["show", "apply"])
+def test_name_is_required(fake_board, tmp_path: Path, verb: str) -> None:  # type: ignore[no-untyped-def]
+    proc = cli(fake_board("rpi5"), tmp_path / "s", verb, ok=False)
+    assert "name" in proc.stderr
