@@ -20,9 +20,22 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.utils
+
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
+
+
+class _QuietQuantizer(logging.Filter):
+    """onnxruntime's quantizers log advice to the root logger on every call; drop it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Please consider to run pre-processing")
+
+
+logging.getLogger().addFilter(_QuietQuantizer())
+# the MatMulNBits quantizer logs every node at INFO through its own handler
+logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
 
 # recipe name -> (precision, quantization style); the style is part of the cache key
 RECIPES = {"fp32", "fp16", "int8-dynamic", "int8-qdq", "int4"}
@@ -59,8 +72,9 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _calibration_reader(model: onnx.ModelProto, count: int = 8) -> object:
-    from edgepilot.models.onnx_gen import sample_inputs
     from onnxruntime.quantization import CalibrationDataReader
+
+    from edgepilot.models.onnx_gen import sample_inputs
 
     class _Reader(CalibrationDataReader):
         def __init__(self) -> None:

@@ -25,6 +25,7 @@ log = logging.getLogger("edgepilot")
 SUBCOMMANDS: list[str] = [
     "edgepilot.doctor",
     "edgepilot.profile_cli",
+    "edgepilot.plan_cli",
 ]
 
 

@@ -13,8 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from edgepilot.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edgepilot.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgepilot/edgepilot.toml")
 
@@ -203,6 +204,16 @@ class DispatchSection(Section):
                               description="Predicted gain a replan must beat to be applied.")
     targets: list[str] | None = Field(
         None, description="Targets the planner may use, 'backend/device/precision' (default: all).")
+    metric: Literal["rel_l2", "cosine"] = Field(
+        "rel_l2", description="Output error metric the tolerance is expressed in "
+        "(relative L2 error or cosine distance against the fp32 reference).")
+    calibration_inputs: int = Field(2, ge=1, le=64,
+                                    description="Random calibration inputs errors are measured on.")
+    max_layers: int = Field(48, ge=1, le=1024,
+                            description="Most layers a model is cut into (tiny ones coalesced).")
+    memory_budgets_mb: dict[str, int] = Field(
+        default_factory=dict, description="Memory budget per device (cpu, gpu, npu ...) in MB; "
+        "cpu defaults to [backends] memory_budget_mb when that is set.")
 
 
 class Config(Section):

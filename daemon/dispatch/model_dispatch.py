@@ -96,11 +96,19 @@ class ModelDispatch:
         self.ref_outputs: list[dict[str, np.ndarray]] = []
 
     # ---- planning -----------------------------------------------------------------------------
-    def prepare(self) -> Plan:
-        """Partition, profile (or load the cached profile), plan, check and time."""
+    def prepare(self, reprofile: bool = False) -> Plan:
+        """Partition, profile (or load the cached profile), plan, check and time.
+
+        ``reprofile`` measures again even when the cache holds a profile (and replaces it).
+        """
         with self._lock:
             part = partition(self.path, max_layers=self.opts.max_layers)
             self.part = part
+            whole, first = part.segment(0, len(part.layers)), part.segment(0, 1)
+            # drop targets that cannot take this kind of model at all (TFLite on an ONNX file)
+            self.targets = [t for t in self.targets if t.backend in self.backends and (
+                self.backends[t.backend].supports(whole, t)
+                or self.backends[t.backend].supports(first, t))]
             self.reference = ref = reference_target(self.targets, part.kind)
             ref_exe = self._backend(ref).compile(part.segment(0, len(part.layers)), ref)
             self.calibration = random_inputs(ref_exe, self.opts.calibration_inputs)
@@ -109,7 +117,8 @@ class ModelDispatch:
                              "targets": [str(t) for t in self.targets],
                              "tolerance": self.opts.tolerance, "metric": self.opts.metric,
                              "runs": self.opts.runs, "layers": [lay.name for lay in part.layers]})
-            cached = self.cache.load(self.name, key) if self.cache else None
+            cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
+            self.from_cache = False
             forced: dict[int, str] = {}
             if cached is not None:
                 profile = ProfileTable.from_dict(cached["profile"])
@@ -123,7 +132,8 @@ class ModelDispatch:
                 profile.freqs = dict(self.freqs)
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
                                        freqs=dict(self.freqs), budgets=dict(self.budgets))
-            plan, compiled = self._build("cache" if self.from_cache else "initial")
+            reason = "cache" if self.from_cache else "reprofile" if reprofile else "initial"
+            plan, compiled = self._build(reason)
             if self.cache is not None:
                 self.cache.store(self.name, key, {
                     "model": self.name, "parts": self.key_parts,

@@ -1,12 +1,105 @@
-"""Attach point of this capability (see edgepilot.lifecycle.CAPABILITIES)."""
+"""Attach the dispatcher: ``daemon.dispatcher``, commands ``plan.get``/``plan.replan``, and
+replans on ``profile.applied``, ``thermal`` and ``backend.fault`` events."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edgepilot.dispatch.dispatcher import Dispatcher
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
 
+log = logging.getLogger(__name__)
+
+CLOCK_EVENTS = ("profile.applied", "profile.restored", "thermal")
+
+
+class PlanParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=256, description="Model name (or file stem).")
+
+
+class ReplanParams(PlanParams):
+    reprofile: bool = Field(False, description="Measure the board again before planning.")
+
+
+async def _plan_get(daemon: Daemon, params: PlanParams) -> dict[str, Any]:
+    result: dict[str, Any] = await daemon.dispatcher.plan(params.model)
+    return result
+
+
+async def _plan_replan(daemon: Daemon, params: ReplanParams) -> dict[str, Any]:
+    result: dict[str, Any] = await daemon.dispatcher.replan(params.model, params.reprofile)
+    return result
+
+
+class DispatchService:
+    """Wires events to replans; holds no threads of its own."""
+
+    name = "dispatch"
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self.daemon.events.subscribe(self._on_event)
+        self.daemon.set_ready("dispatch", None)
+
+    async def stop(self) -> None:
+        self.daemon.events.unsubscribe(self._on_event)
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def reload(self, old: Any, new: Any) -> None:
+        self.daemon.dispatcher.config = new
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind in CLOCK_EVENTS:
+            self._schedule(self._clocks(str(kind)))
+        elif kind == "backend.fault" and "plan" not in event and event.get("target"):
+            # a fault reported by someone else (a backend at load); ours carry "plan"
+            self._schedule(self._fault(str(event["target"])))
+
+    def _schedule(self, coro: Any) -> None:
+        try:
+            loop = self.daemon.loop
+        except RuntimeError:
+            coro.close()
+            return
+
+        def spawn() -> None:
+            task = asyncio.ensure_future(coro)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        loop.call_soon_threadsafe(spawn)
+
+    async def _clocks(self, reason: str) -> None:
+        await self.daemon.run_blocking(self.daemon.dispatcher.clocks_changed, reason)
+
+    async def _fault(self, target: str) -> None:
+        def work() -> None:
+            for md in self.daemon.dispatcher.prepared():
+                if md.builder is not None and md.plan is not None and target in md.plan.targets:
+                    md.builder.excluded.add(target)
+                    md.replan(f"fault:{target}", force=True)
+
+        await self.daemon.run_blocking(work)
+
 
 def attach(daemon: Daemon) -> list[Service]:
-    return []
+    daemon.dispatcher = Dispatcher(daemon.config, board=daemon.board, profiles=daemon.profiles,
+                                   models=daemon.models, emit=daemon.events.emit,
+                                   run_blocking=daemon.run_blocking)
+    daemon.commands.register("plan.get", PlanParams, _plan_get,
+                             summary="Per-layer plan of a model (plans it on first use)")
+    daemon.commands.register("plan.replan", ReplanParams, _plan_replan, mutating=True,
+                             summary="Replan a model now (optionally re-measuring the board)")
+    return [DispatchService(daemon)]

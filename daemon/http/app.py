@@ -6,13 +6,14 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from edgepilot import __version__
-from edgepilot.commands import error_body
-from edgepilot.errors import EdgepilotError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from edgepilot import __version__
+from edgepilot.commands import error_body
+from edgepilot.errors import EdgepilotError
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon
@@ -28,6 +29,7 @@ ROUTERS: list[str] = [
     "edgepilot.http.config",
     "edgepilot.http.openai",
     "edgepilot.http.infer",
+    "edgepilot.http.plan",
 ]
 
 

@@ -1,0 +1,106 @@
+"""Side-by-side timing of a plan, every single-target plan and the raw runtime on the file.
+
+All variants are compiled first, then timed round-robin (one run of each in turn, ``runs``
+rounds) so that a load spike on the shared board hits every variant alike; medians are
+reported with the output error of each variant against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edgepilot.dispatch.model_dispatch import ModelDispatch
+from edgepilot.dispatch.tolerance import output_error
+from edgepilot.errors import EdgepilotError
+
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def raw_runner(md: ModelDispatch) -> Runner:
+    """The runtime on the whole file with its default settings, bypassing edgepilot."""
+    path = md.path
+    if path.suffix.lower() == ".onnx":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+
+        def run_onnx(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return dict(zip(names, sess.run(names, feed), strict=True))
+
+        return run_onnx
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    interp.allocate_tensors()
+    ins = {d["name"]: d["index"] for d in interp.get_input_details()}
+    outs = {d["name"]: d["index"] for d in interp.get_output_details()}
+
+    def run_tflite(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, idx in ins.items():
+            interp.set_tensor(idx, feed[name])
+        interp.invoke()
+        return {name: interp.get_tensor(idx).copy() for name, idx in outs.items()}
+
+    return run_tflite
+
+
+def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
+    """The bench JSON of issue 6 for a prepared (or preparable) model."""
+    if md.compiled is None or md.plan is None:
+        md.prepare()
+    assert md.compiled is not None and md.plan is not None and md.part is not None
+    feed = md.calibration[0]
+    plan_compiled = md.compiled
+    runners: dict[str, Runner] = {"plan": lambda f: plan_compiled.run(f)[0]}
+    whole = md.part.segment(0, len(md.part.layers))
+    skipped: dict[str, str] = {}
+    for target in md.targets:
+        backend = md.backends[target.backend]
+        support = backend.supports(whole, target)
+        if not support:
+            skipped[str(target)] = support.reason
+            continue
+        try:
+            runners[str(target)] = backend.compile(whole, target).run
+        except EdgepilotError as exc:
+            skipped[str(target)] = exc.message
+    try:
+        runners["raw"] = raw_runner(md)
+    except Exception as exc:  # the raw runtime is a reference, not a requirement
+        skipped["raw"] = f"{type(exc).__name__}: {exc}"
+    errors = {name: max(output_error(fn(f), ref, md.opts.metric)
+                        for f, ref in zip(md.calibration, md.ref_outputs, strict=True))
+              for name, fn in runners.items()}
+    for fn in runners.values():
+        for _ in range(warmup):
+            fn(feed)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(runs):
+        for name, fn in runners.items():
+            t0 = time.perf_counter()
+            fn(feed)
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    tol = md.opts.tolerance
+    single = {name: {"median_ms": round(med[name], 4), "error": errors[name],
+                     "within_tolerance": errors[name] <= tol}
+              for name in runners if name not in ("plan", "raw")}
+    eligible = [v["median_ms"] for v in single.values() if v["within_tolerance"]]
+    best = min(eligible) if eligible else None
+    result: dict[str, Any] = {
+        "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": runs,
+        "plan": {"median_ms": round(med["plan"], 4), "predicted_ms": round(md.plan.predicted_ms, 4),
+                 "targets": [s[0] for s in md.plan.segments], "error": errors["plan"]},
+        "single": single,
+        "raw": {"median_ms": round(med["raw"], 4)} if "raw" in med else None,
+        "speedup_vs_best_single": round(best / med["plan"], 3) if best else None,
+        "predicted_vs_measured": round(md.plan.predicted_ms / med["plan"], 3),
+        "skipped": skipped,
+    }
+    return result

@@ -1,0 +1,181 @@
+"""The dispatcher the daemon, HTTP, MQTT and CLI talk to: one :class:`ModelDispatch` per model.
+
+``await infer(model, inputs) -> (outputs, plan_hash)`` serves a request; ``plan_for(model)``
+returns the plan JSON (planning first when needed); ``replan`` and ``clocks_changed`` move
+plans when an operator or the board asks. Blocking work runs through ``run_blocking``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from edgepilot import __version__
+from edgepilot.backends.base import Backend
+from edgepilot.config import Config
+from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+from edgepilot.dispatch.plan_cache import PlanCache
+from edgepilot.dispatch.profiler import Progress
+from edgepilot.dispatch.targets import (
+    available_targets,
+    board_freqs,
+    board_id,
+    load_backends,
+    runtime_versions,
+)
+from edgepilot.errors import ModelError, NotFoundError, PlanError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+RunBlocking = Callable[..., Awaitable[Any]]
+PLANNED_KINDS = {".onnx": "onnx", ".tflite": "tflite"}
+
+
+async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args)
+
+
+class Dispatcher:
+    """Per-layer plans for every tensor model this daemon (or CLI run) serves."""
+
+    def __init__(self, config: Config, *, board: Any = None, profiles: Any = None,
+                 models: Any = None, emit: Callable[..., Any] | None = None,
+                 run_blocking: RunBlocking | None = None, progress: Progress | None = None,
+                 backends: dict[str, Backend] | None = None) -> None:
+        self.config = config
+        self.board = board
+        self.profiles = profiles
+        self.models = models
+        self.emit = emit or (lambda kind, **fields: None)
+        self.run_blocking: RunBlocking = run_blocking or _to_thread
+        self.progress = progress
+        self.cache = PlanCache(config.state_dir / "plans")
+        self._backends = backends
+        self._models: dict[str, ModelDispatch] = {}
+        self._lock = threading.Lock()
+
+    # ---- set-up -------------------------------------------------------------------------------
+    @property
+    def backends(self) -> dict[str, Backend]:
+        if self._backends is None:
+            self._backends = load_backends(self.config, self.config.state_dir)
+        return self._backends
+
+    def resolve(self, name: str) -> tuple[str, Path, float | None]:
+        """Model name (or path) -> (name, file, tolerance override)."""
+        resolver = getattr(self.models, "resolve_path", None)
+        if callable(resolver):
+            path = Path(resolver(name))
+            return name, path, self._entry_tolerance(name)
+        for entry in self.config.models:
+            if entry.name == name:
+                return name, self.config.model_dir / entry.file, entry.tolerance
+        model_dir = self.config.model_dir
+        for suffix in PLANNED_KINDS:
+            cand = model_dir / f"{name}{suffix}"
+            if cand.is_file():
+                return name, cand, None
+        path = Path(name)
+        if path.is_file():
+            return path.stem, path, None
+        known = sorted({e.name for e in self.config.models} | {
+            p.stem for p in model_dir.glob("*") if p.suffix in PLANNED_KINDS}) \
+            if model_dir.is_dir() else sorted(e.name for e in self.config.models)
+        raise NotFoundError(f"unknown model {name!r}; known: {', '.join(known) or 'none'} "
+                            f"(model dir {model_dir})", field="model")
+
+    def _entry_tolerance(self, name: str) -> float | None:
+        return next((e.tolerance for e in self.config.models if e.name == name), None)
+
+    def key_parts(self) -> dict[str, Any]:
+        """What a cached plan depends on besides the model file itself."""
+        return {"board": board_id(self.board),
+                "profile": getattr(self.profiles, "active_name", None),
+                "runtimes": runtime_versions(self.backends), "edgepilot": __version__}
+
+    def budgets(self) -> dict[str, float]:
+        mb = self.config.backends.memory_budget_mb
+        budgets = {k: v * 1024 * 1024 for k, v in self.config.dispatch.memory_budgets_mb.items()}
+        if mb:
+            budgets.setdefault("cpu", mb * 1024 * 1024)
+        return budgets
+
+    def get(self, name: str) -> ModelDispatch:
+        """The model's dispatch state (not yet planned); NotFoundError for unknown models."""
+        with self._lock:
+            if name in self._models:
+                return self._models[name]
+        key, path, tol = self.resolve(name)
+        if path.suffix.lower() not in PLANNED_KINDS:
+            raise ModelError(f"{path.name}: per-layer plans cover ONNX and TFLite; allowed: "
+                             ".onnx, .tflite (GGUF models run on llama.cpp by n_gpu_layers)",
+                             field="model")
+        d = self.config.dispatch
+        opts = DispatchOptions(tolerance=tol if tol is not None else d.tolerance,
+                               metric=d.metric, runs=d.profile_runs, warmup=d.warmup_runs,
+                               drift_threshold=d.drift_threshold, hysteresis=d.hysteresis,
+                               calibration_inputs=d.calibration_inputs, max_layers=d.max_layers)
+        targets = available_targets(self.backends, d.targets)
+        if not targets:
+            raise PlanError("no inference backend is available; run `edgepilot doctor`",
+                            field="backends")
+        md = ModelDispatch(key, path, self.backends, targets, opts, cache=self.cache,
+                           key_parts=self.key_parts(), freqs=board_freqs(self.board),
+                           budgets=self.budgets(), progress=self.progress, emit=self.emit)
+        with self._lock:
+            return self._models.setdefault(name, md)
+
+    def prepared(self) -> list[ModelDispatch]:
+        with self._lock:
+            return [m for m in self._models.values() if m.plan is not None]
+
+    # ---- sync API (CLI, worker threads) -------------------------------------------------------
+    def plan_for(self, name: str) -> dict[str, Any]:
+        """The plan JSON of ``name``; plans (or loads the cached profile) on first use."""
+        return self.get(name).explain()
+
+    def infer_sync(self, name: str, inputs: dict[str, np.ndarray]
+                   ) -> tuple[dict[str, np.ndarray], str]:
+        return self.get(name).run(inputs)
+
+    # ---- async API (daemon) -------------------------------------------------------------------
+    async def infer(self, name: str, inputs: dict[str, np.ndarray]
+                    ) -> tuple[dict[str, np.ndarray], str]:
+        """Serve one request on the model's plan: ``(outputs, plan_hash)``."""
+        result: tuple[dict[str, np.ndarray], str] = await self.run_blocking(
+            self.infer_sync, name, inputs)
+        return result
+
+    async def plan(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.run_blocking(self.plan_for, name)
+        return result
+
+    async def replan(self, name: str, reprofile: bool = False) -> dict[str, Any]:
+        """Operator-requested replan; ``reprofile`` measures the board again first."""
+        md = self.get(name)
+
+        def work() -> dict[str, Any]:
+            if reprofile or md.plan is None:
+                md.prepare(reprofile=reprofile)
+            else:
+                md.replan("command", force=True)
+            return md.explain()
+
+        result: dict[str, Any] = await self.run_blocking(work)
+        return result
+
+    def clocks_changed(self, reason: str) -> None:
+        """DVFS profile applied or a thermal event: re-predict every planned model (blocking)."""
+        freqs = board_freqs(self.board)
+        for md in self.prepared():
+            try:
+                md.key_parts = self.key_parts()
+                md.set_clocks(freqs, reason)
+            except Exception:
+                log.exception("replan of %s after %s failed; keeping its plan", md.name, reason)

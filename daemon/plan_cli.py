@@ -1,0 +1,109 @@
+"""``edgepilot plan MODEL [--json]`` and ``edgepilot bench MODEL [--json]``.
+
+MODEL is a configured model name, a file stem in ``--model-dir`` or a path. Profiles are cached
+in ``--state-dir``, so a second ``plan`` of an unchanged model on the same board is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from edgepilot.config import Config
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("plan", help="show a model's per-layer plan (profiling it if needed)")
+    p.add_argument("model", help="model name, file stem in --model-dir, or path")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--reprofile", action="store_true", help="measure again, ignore the cache")
+    p.set_defaults(func=cmd_plan)
+    b = sub.add_parser("bench", help="time the plan against every single target, side by side")
+    b.add_argument("model", help="model name, file stem in --model-dir, or path")
+    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.add_argument("--runs", type=int, default=30, help="timed rounds (default 30)")
+    b.set_defaults(func=cmd_bench)
+
+
+def progress_bar(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr (only when stderr is a terminal or forced)."""
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                     f"{label[:60]:<60}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def make_dispatcher(config: Config) -> Any:
+    from edgepilot.dispatch.dispatcher import Dispatcher
+
+    board = None
+    try:
+        from edgepilot.board import Board
+
+        board = Board(config.daemon.sysfs_root)
+    except Exception:  # no board layer or an unreadable root: plan at clock scale 1
+        board = None
+    return Dispatcher(config, board=board, progress=progress_bar)
+
+
+def render_plan(plan: dict[str, Any]) -> str:
+    lines = [f"model {plan['model']}  plan {plan['hash']}  tolerance {plan.get('tolerance')}",
+             f"{'layer':<34} {'target':<24} {'pred ms':>8} {'meas ms':>8}  runner-up"]
+    for lay in plan["layers"]:
+        ru = lay.get("runner_up") or {}
+        ru_txt = f"{ru.get('target')} {ru.get('predicted_ms')} ms" if ru else "-"
+        lines.append(f"{lay['name'][:34]:<34} {lay['target']:<24} "
+                     f"{_ms(lay.get('predicted_ms')):>8} {_ms(lay.get('measured_ms')):>8}  "
+                     f"{ru_txt}")
+    lines.append("segments: " + ", ".join(
+        f"{s['target']}[{s['layers'][0]}:{s['layers'][1]}]" for s in plan["segments"]))
+    lines.append(f"total: predicted {_ms(plan['predicted_ms'])} ms, measured "
+                 f"{_ms(plan['measured_ms'])} ms, error {plan.get('error'):.4g}"
+                 + ("  (profile from cache)" if plan.get("from_cache") else ""))
+    return "\n".join(lines)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from edgepilot.cli import config_from
+
+    dispatcher = make_dispatcher(config_from(args))
+    md = dispatcher.get(args.model)
+    md.prepare(reprofile=args.reprofile)
+    plan = md.explain()
+    print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edgepilot.cli import config_from
+    from edgepilot.dispatch.bench import bench
+    from edgepilot.errors import ConfigError
+
+    if not 1 <= args.runs <= 10_000:
+        raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
+    dispatcher = make_dispatcher(config_from(args))
+    result = bench(dispatcher.get(args.model), runs=args.runs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"model {result['model']}  plan {result['hash']}  tolerance {result['tolerance']}")
+    p = result["plan"]
+    print(f"{'plan':<28} {p['median_ms']:>9.3f} ms  err {p['error']:.4f}  "
+          f"predicted {p['predicted_ms']:.3f} ms  ({' -> '.join(p['targets'])})")
+    for name, s in result["single"].items():
+        ok = "ok" if s["within_tolerance"] else "over tolerance"
+        print(f"{name:<28} {s['median_ms']:>9.3f} ms  err {s['error']:.4f}  {ok}")
+    if result["raw"]:
+        print(f"{'raw runtime':<28} {result['raw']['median_ms']:>9.3f} ms")
+    print(f"plan vs best single within tolerance: x{result['speedup_vs_best_single']}; "
+          f"predicted/measured: {result['predicted_vs_measured']}")
+    return 0

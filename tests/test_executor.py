@@ -1,0 +1,90 @@
+"""Executor + monitor on real runtimes: a slowed target loses its layers, a failing target
+is excluded and no request is lost."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+from dispatch_fixtures import (  # noqa: F401 - fixtures
+    Events,
+    HookedBackend,
+    mlp_path,
+    ort_backend,
+)
+
+from edgepilot.backends.base import Target
+from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+from edgepilot.dispatch.tolerance import output_error
+
+FP32 = Target("onnxruntime", "cpu", "fp32")
+HOOKED = Target("hooked", "cpu", "int8")
+
+
+def make(mlp_path: Path, ort_backend: OnnxRuntimeBackend, events: Events,
+         **opts: float) -> tuple[ModelDispatch, HookedBackend]:
+    hooked = HookedBackend(ort_backend)
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend, "hooked": hooked},
+                       [FP32, HOOKED],
+                       DispatchOptions(tolerance=0.1, runs=5, warmup=1, **opts),  # type: ignore[arg-type]
+                       emit=events)
+    md.prepare()
+    return md, hooked
+
+
+def test_failing_target_is_excluded_and_the_request_retried(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    events = Events()
+    md, hooked = make(mlp_path, ort_backend, events)
+    assert md.plan is not None and str(HOOKED) in md.plan.targets  # int8 is the fast one
+    feed = md.calibration[0]
+    hooked.fault = True
+    results: list[dict[str, np.ndarray]] = []
+    errors: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            results.append(md.run(feed)[0])
+        except BaseException as exc:  # collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=request) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and len(results) == 4
+    for out in results:
+        assert output_error(out, md.ref_outputs[0]) < 1e-5  # now all fp32
+    assert md.plan.targets == [str(FP32)] * len(md.plan.targets)
+    assert md.explain()["excluded"] == [str(HOOKED)]
+    assert events.of("backend.fault")[0]["target"] == str(HOOKED)
+    changed = events.of("plan.changed")
+    assert changed and changed[-1]["reason"] == f"fault:{HOOKED}"
+    assert changed[-1]["hash"] == md.plan.hash
+
+
+def test_slowed_target_loses_its_layers(mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    events = Events()
+    md, hooked = make(mlp_path, ort_backend, events, drift_threshold=0.5)
+    assert md.plan is not None
+    before = md.plan.hash
+    assert str(HOOKED) in md.plan.targets
+    feed = md.calibration[0]
+    for _ in range(3):
+        md.run(feed)
+    assert md.plan.hash == before  # no drift yet
+    # now the target gets much slower than anything measured (a loaded core, a throttled NPU)
+    hooked.delay_s = 0.05
+    for _ in range(10):
+        out, plan_hash = md.run(feed)
+        if str(HOOKED) not in md.plan.targets:
+            break
+    assert str(HOOKED) not in md.plan.targets
+    assert md.plan.hash != before
+    assert any(e["reason"] == "drift" for e in events.of("plan.changed"))
+    calls = hooked.calls
+    md.run(feed)
+    assert hooked.calls == calls  # requests no longer touch the slow target
