@@ -165,7 +165,7 @@ def test_report_is_json_and_names_policies_devices_and_files(orin: FakeBoard) ->
 
 def test_writes_are_allow_listed_and_stay_below_the_root(orin: FakeBoard, tmp_path: Path) -> None:
     board = Board(orin.root)
-    with pytest.raises(BoardError, match="only .* may be written") as exc:
+    with pytest.raises(BoardError, match=r"only .* may be written") as exc:
         board.write_value(orin.path("/sys/class/hwmon/hwmon1/curr1_crit"), "1\n")
     assert exc.value.field == "/sys/class/hwmon/hwmon1/curr1_crit"
     outside = tmp_path / "elsewhere" / "scaling_max_freq"

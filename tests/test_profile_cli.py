@@ -16,7 +16,8 @@ __all__ = ["fake_board"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(fake: FakeBoard, state: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+def cli(fake: FakeBoard, state: Path, *args: str,
+        ok: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}",
            "EDGEPILOT_FAKE_ROOT": str(fake.root)}
     proc = subprocess.run([sys.executable, "-m", "edgepilot", "--sysfs-root", str(fake.root),

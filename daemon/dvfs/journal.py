@@ -67,7 +67,8 @@ def save(state_dir: Path, journal: Journal) -> None:
             os.close(dfd)
     except OSError as exc:
         raise BoardError(f"cannot write the DVFS journal {target}: {exc.strerror}; nothing was "
-                         "changed (check [daemon] state_dir permissions)", field="state_dir") from None
+                         "changed (check [daemon] state_dir permissions)",
+                         field="state_dir") from None
 
 
 def load(state_dir: Path) -> Journal | None:

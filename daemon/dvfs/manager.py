@@ -25,6 +25,10 @@ from edgepilot.events import EventBus
 log = logging.getLogger(__name__)
 
 JETSON_CLOCKS_STORE = "jetson_clocks.conf"
+# aliases: inside the class, ``list`` is the method
+Writes = list[dict[str, str]]
+Steps = list[tuple[Path, str]]
+Errors = list[str]
 _GOV = ("scaling_governor", "governor")
 _MIN = ("scaling_min_freq", "min_freq")
 _MAX = ("scaling_max_freq", "max_freq")
@@ -149,8 +153,8 @@ class ProfileManager:
                              skipped=plan.skipped)
             return result
 
-    def _write_plan(self, plan: Plan) -> list[dict[str, str]]:
-        steps: list[tuple[Path, str]] = []
+    def _write_plan(self, plan: Plan) -> Writes:
+        steps: Steps = []
         for tp in plan.targets:
             steps += self._target_steps(tp)
         written = []
@@ -162,9 +166,9 @@ class ProfileManager:
             written.append({"path": self.board.fs.rel(path), "value": value})
         return written
 
-    def _target_steps(self, tp: TargetPlan) -> list[tuple[Path, str]]:
+    def _target_steps(self, tp: TargetPlan) -> Steps:
         gov_f, min_f, max_f, speed_f = tp.files
-        steps: list[tuple[Path, str]] = []
+        steps: Steps = []
         if tp.governor is not None:
             steps.append((tp.dir / gov_f, tp.governor))
         cur_min = self.board.fs.read_int(tp.dir / min_f)
@@ -198,7 +202,7 @@ class ProfileManager:
 
     def _rollback(self, before: dict[str, str], journal: jr.Journal, previous: jr.Journal | None,
                   ran_nvpmodel: bool, ran_store: bool) -> None:
-        errors: list[str] = []
+        errors: Errors = []
         if journal.jetson_clocks_store and ran_store:
             self._try(errors, self.jetson_clocks.restore, Path(journal.jetson_clocks_store))
         if ran_nvpmodel and journal.nvpmodel_before is not None:
@@ -213,16 +217,16 @@ class ProfileManager:
             jr.save(self.state_dir, previous)
 
     @staticmethod
-    def _try(errors: list[str], fn: Any, *args: Any) -> None:
+    def _try(errors: Errors, fn: Any, *args: Any) -> None:
         try:
             fn(*args)
         except EdgepilotError as exc:
             errors.append(exc.message)
 
-    def _put_back(self, target: dict[str, str], only: set[str] | None) -> list[str]:
+    def _put_back(self, target: dict[str, str], only: set[str] | None) -> Errors:
         """Write original texts back where they differ, per device in a kernel-safe order;
         governors last (reverse of apply). Returns the errors; never stops half-way."""
-        errors: list[str] = []
+        errors: Errors = []
         by_dir: dict[Path, dict[str, str]] = {}
         for rel, text in target.items():
             if only is not None and rel not in only:
@@ -257,7 +261,7 @@ class ProfileManager:
             if journal is None:
                 self.active_name = None
                 return {"restored": False, "reason": "nothing to restore", "conflicts": []}
-            conflicts: list[dict[str, Any]] = []
+            conflicts: Writes = []
             restore_set = set(journal.original)
             if journal.applied is not None:
                 # only a complete apply says what "ours" is; after a crash mid-transaction
@@ -269,7 +273,7 @@ class ProfileManager:
                         conflicts.append({"path": rel, "ours": ours.strip(),
                                           "now": now.strip(),
                                           "original": journal.original.get(rel, "").strip()})
-            errors: list[str] = []
+            errors: Errors = []
             if journal.jetson_clocks_store:
                 self._try(errors, self.jetson_clocks.restore, Path(journal.jetson_clocks_store))
             if journal.nvpmodel_before is not None:

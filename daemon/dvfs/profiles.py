@@ -167,7 +167,8 @@ def load_file(path: Path) -> ProfileFile:
                            field="profiles")
     for name, body in profiles.items():
         if not isinstance(body, dict):
-            raise ProfileError(f"{path}: 'profiles.{name}' must be a table", field=f"profiles.{name}")
+            raise ProfileError(f"{path}: 'profiles.{name}' must be a table",
+                               field=f"profiles.{name}")
         try:  # validate each table on its own so errors point at the file that has them
             ProfileSpec.model_validate(body)
         except ValidationError as exc:
@@ -236,7 +237,8 @@ class ProfileStore:
                 return done[name]
             if name in stack:
                 raise ProfileError(f"{pf.path}: 'profiles.{name}.extends' loops: "
-                                   f"{' -> '.join([*stack, name])}", field=f"profiles.{name}.extends")
+                                   f"{' -> '.join([*stack, name])}",
+                                   field=f"profiles.{name}.extends")
             body = pf.raw[name]
             parent_name = body.get("extends")
             base: dict[str, Any] = {}

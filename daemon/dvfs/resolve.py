@@ -198,9 +198,9 @@ def build_plan(profile: Profile, board: Board) -> Plan:
     known = {d.name for d in devices} | {"*", *KINDS}
     for sel in spec.devfreq:
         if sel not in known:
+            present = ", ".join(sorted(d.name for d in devices)) or "none present"
             raise ProfileError(f"{src}.devfreq.{sel}: no such devfreq device; allowed: "
-                               f"{DEVFREQ_SELECTORS_HELP} ({', '.join(sorted(d.name for d in devices)) or 'none present'})",
-                               field=f"devfreq.{sel}")
+                               f"{DEVFREQ_SELECTORS_HELP} ({present})", field=f"devfreq.{sel}")
         if sel in KINDS and not any(d.kind == sel for d in devices):
             plan.skipped.append(f"devfreq.{sel}: no {sel} devfreq device on this board")
     plan.jetson_clocks = spec.jetson_clocks
