@@ -13,7 +13,7 @@ from edgepilot.board.devfreq import DevfreqDevice, discover_devfreq
 from edgepilot.board.identity import BoardIdentity, read_identity
 from edgepilot.board.power import TOTAL_RAIL, read_power
 from edgepilot.board.sysfs import Sysfs
-from edgepilot.board.thermal import read_temps, zone_types
+from edgepilot.board.thermal import read_temps, zone_readings
 from edgepilot.errors import BoardError
 
 # min/max file pairs whose order the kernel checks: writing min above max (or max below min)
@@ -175,7 +175,6 @@ class Board:
             "governors": list(d.governors), "frequencies_hz": list(d.frequencies),
             "min_hz": d.min_hz, "max_hz": d.max_hz, "cur_hz": d.cur_hz,
         } for d in self.devfreq()]
-        zones = zone_types(self.fs)
         return {
             "sysfs_root": str(self.root),
             "identity": self.identity.as_dict(),
@@ -187,7 +186,7 @@ class Board:
             "power_source": s.power_source,
             "battery_w": s.battery_w,
             "energy_j": s.energy_j,
-            "thermal_zones": [{"zone": z, "type": t, "temp_c": None} for z, t in zones.items()],
+            "thermal_zones": zone_readings(self.fs),
             "temps_c": s.temps_c,
             "profile_files": [str(p) for p in matching_profile_files(self.identity)],
             "writable": {self.fs.rel(f): self.fs.is_writable(f) for f in self.writable_files()},

@@ -36,3 +36,13 @@ def read_temps(fs: Sysfs) -> dict[str, float]:
         key = kind if kind not in temps else f"{kind}@{zone.name}"
         temps[key] = milli / 1000.0
     return temps
+
+
+def zone_readings(fs: Sysfs) -> list[dict[str, object]]:
+    """Every zone with its type and temperature (None while unreadable), for reports."""
+    out: list[dict[str, object]] = []
+    for zone in zone_dirs(fs):
+        milli = fs.read_int(zone / "temp")
+        out.append({"zone": zone.name, "type": fs.read_str(zone / "type") or zone.name,
+                    "temp_c": None if milli is None else milli / 1000.0})
+    return out
