@@ -15,6 +15,7 @@ from edgepilot.commands import NoParams
 from edgepilot.config import Config
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
+from edgepilot.errors import EdgepilotError
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
@@ -49,7 +50,13 @@ class DvfsService:
         name = self.daemon.config.dvfs.profile
         if name:
             self.daemon.set_ready("dvfs", f"applying profile {name}")
-            await self.daemon.run_blocking(manager.apply, name)
+            try:
+                await self.daemon.run_blocking(manager.apply, name)
+            except EdgepilotError as exc:
+                # the board was rolled back; serve anyway and say why in /readyz
+                log.error("[dvfs] profile %s not applied: %s", name, exc.message)
+                self.daemon.set_ready("dvfs", f"profile {name} not applied: {exc.message}")
+                return
         self.daemon.set_ready("dvfs", None)
 
     async def stop(self) -> None:
