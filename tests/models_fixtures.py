@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from daemon_proc import DaemonProcess
+
 from edgepilot.models.gguf_gen import GgufSpec, write_gguf
 from edgepilot.models.tflite_gen import write_mlp_tflite
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ai_edge_litert.interpreter import Interpreter
+from models_fixtures import mlp_tflite, wakeword_tflite  # noqa: F401 - fixture
 
 from edgepilot.backends import armnn as armnn_mod
 from edgepilot.backends.armnn import ArmnnBackend
@@ -14,7 +15,6 @@ from edgepilot.backends.base import Segment, Target
 from edgepilot.config import ArmnnSection
 from edgepilot.errors import BackendError
 from edgepilot.models import tflite_graph
-from models_fixtures import mlp_tflite, wakeword_tflite  # noqa: F401 - fixture
 
 REF = Target("armnn", "CpuRef", "fp32")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_cpp import Llama
+from models_fixtures import gguf_path  # noqa: F401 - fixture
 
 from edgepilot.backends.base import Segment, Target
 from edgepilot.backends.llamacpp import LlamaCppBackend, n_gpu_layers_for
@@ -14,7 +15,6 @@ from edgepilot.config import LlamacppSection
 from edgepilot.errors import BackendError
 from edgepilot.models.gguf_gen import CHAT_TEMPLATE, GgufSpec, write_gguf
 from edgepilot.models.gguf_info import COMPUTE_OVERHEAD_BYTES, effective_ctx, read_gguf_info
-from models_fixtures import gguf_path  # noqa: F401 - fixture
 
 CPU = Target("llamacpp", "cpu", "native")
 

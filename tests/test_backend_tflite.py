@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 from ai_edge_litert.interpreter import Interpreter
+from models_fixtures import mlp_tflite, wakeword_tflite  # noqa: F401 - fixture
 
 from edgepilot.backends.base import Segment, Target
 from edgepilot.backends.tflite import TfliteBackend
 from edgepilot.config import TfliteSection
 from edgepilot.errors import BackendError
 from edgepilot.models import tflite_graph
-from models_fixtures import mlp_tflite, wakeword_tflite  # noqa: F401 - fixture
 
 XNN = Target("tflite", "xnnpack", "fp32")
 CPU = Target("tflite", "cpu", "fp32")
@@ -38,7 +39,7 @@ def chain(backend: TfliteBackend, path: Path, cuts: list[int], target: Target,
     """Run the model as consecutive segments, passing every produced tensor along."""
     env = dict(feeds)
     bounds = [0, *cuts, len(tflite_graph.layers(path))]
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in itertools.pairwise(bounds):
         seg = tflite_graph.segment(path, a, b)
         exe = backend.compile(seg, target)
         env.update(exe.run({n: env[n] for n in seg.inputs}))

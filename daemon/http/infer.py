@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from edgepilot.errors import CommandError, NotFoundError, PlanError
+from edgepilot.errors import BackendError, CommandError, NotFoundError, PlanError
 from edgepilot.models.io import tensor_specs
 from edgepilot.models.registry import ModelRegistry
 from edgepilot.models.tensors import ALLOWED_DTYPES, check_inputs
@@ -97,13 +97,15 @@ async def run_model(daemon: Any, name: str, inputs: dict[str, np.ndarray]
     """Through the dispatcher's plan when it has one, else whole on the default target."""
     registry: ModelRegistry = daemon.models
     dispatcher = daemon.dispatcher
-    if dispatcher is not None:
+    if dispatcher is not None and daemon.config.dispatch.enabled:
         has_plan = getattr(dispatcher, "has_plan", None)
         if has_plan is None or has_plan(name):
             try:
                 outputs, plan = await dispatcher.infer(name, inputs)
                 return outputs, str(plan)
-            except (PlanError, NotFoundError) as exc:
+            except (PlanError, BackendError, NotFoundError) as exc:
+                # planning profiles with sample inputs and can fail where the request's own
+                # shapes run fine; the whole model on its default target is the safe answer
                 log.warning("dispatcher could not run %s (%s); running it whole", name,
                             exc.message)
     return await registry.run_tensor(name, inputs)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,6 +100,15 @@ class ModelRegistry:
     def resolve(self, name: str) -> files.ResolvedModel:
         """The model's file (inside the model dir) and kind; NotFound/ModelError otherwise."""
         return files.resolve(self.daemon.model_dir, self.entry(name))
+
+    def resolve_path(self, name: str) -> Path:
+        """The verified file of ``name`` (inside the model dir, sha256 checked when pinned).
+
+        This is what other components (the dispatcher) use to find a model's file.
+        """
+        model = self.resolve(name)
+        files.verify(model)
+        return model.path
 
     def listing(self) -> list[dict[str, Any]]:
         """Plain data for ``model.list`` and ``/v1/models``."""

@@ -1,0 +1,190 @@
+"""Model registry on a real Daemon object: discovery, verification, budget, keep-alive, queue."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from models_fixtures import gguf_path, mlp_tflite  # noqa: F401 - fixtures
+
+from edgepilot.config import parse_config
+from edgepilot.errors import BusyError, ModelError, NotFoundError
+from edgepilot.lifecycle import Daemon
+from edgepilot.models import files
+from edgepilot.models.demo import ensure_demo_models
+from edgepilot.models.queue import DeviceQueue
+from edgepilot.models.registry import ModelRegistry, ModelTooLarge
+from edgepilot.models.service import attach
+
+
+def make_daemon(tmp: Path, **config: Any) -> Daemon:
+    data = {"daemon": {"state_dir": str(tmp / "state"), "model_dir": str(tmp / "models"),
+                       "demo_models": False}, "mqtt": {"enabled": False}, **config}
+    (tmp / "models").mkdir(exist_ok=True)
+    daemon = Daemon(parse_config(data))
+    attach(daemon)
+    return daemon
+
+
+def mdir(tmp: Path) -> Path:
+    (tmp / "models").mkdir(exist_ok=True)
+    return tmp / "models"
+
+
+def events(daemon: Daemon, kind: str) -> list[dict[str, Any]]:
+    return [e for e in daemon.events.recent() if e["type"] == kind]
+
+
+def test_dropped_files_are_named_by_stem_and_config_wins(tmp_path: Path, gguf_path: Path,  # noqa: F811
+                                                          mlp_tflite: Path) -> None:  # noqa: F811
+    d = make_daemon(tmp_path, models=[{"name": "chat", "file": "tiny.gguf"}])
+    shutil.copy(gguf_path, mdir(tmp_path) / "tiny.gguf")
+    shutil.copy(mlp_tflite, mdir(tmp_path) / "mlp.tflite")
+    (mdir(tmp_path) / "notes.txt").write_text("not a model")
+    listing = {m["name"]: m for m in d.models.listing()}
+    assert set(listing) == {"chat", "mlp"}
+    assert listing["chat"]["kind"] == "gguf" and listing["mlp"]["kind"] == "tflite"
+    with pytest.raises(NotFoundError, match="available: chat, mlp"):
+        d.models.entry("tiny")
+
+
+def test_paths_escaping_the_model_dir_are_refused(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
+    outside = tmp_path / "outside.gguf"
+    shutil.copy(gguf_path, outside)
+    d = make_daemon(tmp_path, models=[{"name": "up", "file": "../outside.gguf"},
+                                      {"name": "abs", "file": str(outside)},
+                                      {"name": "link", "file": "link.gguf"}])
+    (mdir(tmp_path) / "link.gguf").symlink_to(outside)
+    for name in ("up", "abs", "link"):
+        with pytest.raises(ModelError, match="outside the model dir") as err:
+            asyncio.run(d.models.load(name))
+        assert err.value.field == f"models.{name}.file"
+    assert d.models.loaded == {}
+
+
+def test_sha256_is_verified_before_load(tmp_path: Path, mlp_tflite: Path) -> None:  # noqa: F811
+    shutil.copy(mlp_tflite, mdir(tmp_path) / "mlp.tflite")
+    good = files.sha256_of(mdir(tmp_path) / "mlp.tflite")
+    d = make_daemon(tmp_path, models=[{"name": "good", "file": "mlp.tflite", "sha256": good},
+                                      {"name": "bad", "file": "mlp.tflite", "sha256": "0" * 64}])
+    with pytest.raises(ModelError, match="sha256") as err:
+        asyncio.run(d.models.load("bad"))
+    assert err.value.field == "models.bad.sha256"
+    assert {m["name"]: m.get("error") for m in d.models.listing()}["bad"]
+    lm = asyncio.run(d.models.load("good"))
+    assert str(lm.executable.target) == "tflite/xnnpack/fp32"
+
+
+def test_gguf_over_budget_is_refused_with_the_numbers(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
+    shutil.copy(gguf_path, mdir(tmp_path) / "tiny.gguf")
+    d = make_daemon(tmp_path, backends={"memory_budget_mb": 8},
+                    models=[{"name": "tiny", "file": "tiny.gguf", "n_ctx": 4096}])
+    with pytest.raises(ModelTooLarge) as err:
+        asyncio.run(d.models.load("tiny"))
+    msg = err.value.message
+    assert "budget is 8.0 MiB" in msg and "2 x 2 layers x 4096 ctx x 2 kv_heads x 16" in msg
+    assert err.value.http_status == 507
+    assert d.models.loaded == {}
+
+
+def test_keep_alive_unloads_and_requests_reload(tmp_path: Path, mlp_tflite: Path) -> None:  # noqa: F811
+    shutil.copy(mlp_tflite, mdir(tmp_path) / "mlp.tflite")
+    d = make_daemon(tmp_path, models=[{"name": "m", "file": "mlp.tflite", "keep_alive_s": 0}])
+    x = np.ones((1, 32), np.float32)
+
+    async def scenario() -> None:
+        out, plan = await d.models.run_tensor("m", {"input": x})
+        assert plan == "single:tflite/xnnpack/fp32" and out["output"].shape == (1, 32)
+        assert await d.models.reap() == ["m"]
+        assert "m" not in d.models.loaded
+        out2, _ = await d.models.run_tensor("m", {"input": x})  # reloaded on demand
+        np.testing.assert_array_equal(out["output"], out2["output"])
+
+    asyncio.run(scenario())
+    assert [e["model"] for e in events(d, "model.loaded")] == ["m", "m"]
+    assert [e["reason"] for e in events(d, "model.unloaded")] == ["keep_alive"]
+
+
+def test_models_in_use_are_not_reaped(tmp_path: Path, mlp_tflite: Path) -> None:  # noqa: F811
+    shutil.copy(mlp_tflite, mdir(tmp_path) / "mlp.tflite")
+    d = make_daemon(tmp_path, models=[{"name": "m", "file": "mlp.tflite", "keep_alive_s": 0}])
+
+    async def scenario() -> None:
+        lm = await d.models.acquire("m")
+        assert await d.models.reap() == []
+        d.models.release(lm)
+        assert await d.models.reap() == ["m"]
+
+    asyncio.run(scenario())
+
+
+def test_commands_load_list_unload(tmp_path: Path, mlp_tflite: Path) -> None:  # noqa: F811
+    shutil.copy(mlp_tflite, mdir(tmp_path) / "mlp.tflite")
+    d = make_daemon(tmp_path)
+
+    async def scenario() -> None:
+        loaded = await d.commands.execute(d, "model.load", {"name": "mlp"})
+        assert loaded["loaded"] and loaded["target"] == "tflite/xnnpack/fp32"
+        listing = await d.commands.execute(d, "model.list", {})
+        assert listing["models"][0]["loaded"] is True
+        gone = await d.commands.execute(d, "model.unload", {"name": "mlp"})
+        assert gone == {"name": "mlp", "loaded": False, "was_loaded": True}
+        with pytest.raises(NotFoundError):
+            await d.commands.execute(d, "model.load", {"name": "ghost"})
+
+    asyncio.run(scenario())
+    assert d.commands.get("model.load").mutating and not d.commands.get("model.list").mutating
+
+
+def test_device_queue_serialises_and_refuses_past_its_limit() -> None:
+    async def scenario() -> list[str]:
+        q = DeviceQueue("tflite/xnnpack", max_waiting=1)
+        order: list[str] = []
+
+        async def job(tag: str) -> None:
+            async with q.slot():
+                order.append(f"{tag}+")
+                await asyncio.sleep(0.05)
+                order.append(f"{tag}-")
+
+        first = asyncio.create_task(job("a"))
+        await asyncio.sleep(0)  # a holds the device
+        second = asyncio.create_task(job("b"))
+        await asyncio.sleep(0)  # b waits in line
+        with pytest.raises(BusyError, match="max_queue = 1") as err:
+            await job("c")
+        assert err.value.http_status == 503
+        await asyncio.gather(first, second)
+        return order
+
+    assert asyncio.run(scenario()) == ["a+", "a-", "b+", "b-"]
+
+
+def test_demo_models_are_made_quickly_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    entries = ensure_demo_models(tmp_path / "models")
+    assert [e.kind for e in entries] == ["gguf", "onnx"]
+    for e in entries:
+        assert files.sha256_of(tmp_path / "models" / e.file) == e.sha256
+    assert ensure_demo_models(tmp_path / "models") == []  # not empty any more
+    d = make_daemon(tmp_path)
+    d.models.extra = entries
+
+    async def scenario() -> None:
+        for e in entries:
+            lm = await d.models.load(e.name)
+            assert lm.memory_bytes > 0
+
+    asyncio.run(scenario())
+    assert time.monotonic() - started < 120  # generous: it is seconds, never minutes
+
+
+def test_registry_reports_backends(tmp_path: Path) -> None:
+    d = make_daemon(tmp_path, backends={"enabled": ["tflite", "llamacpp"]})
+    assert isinstance(d.models, ModelRegistry)
+    assert d.models.backend_names() == ["tflite", "llamacpp"]

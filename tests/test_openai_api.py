@@ -1,0 +1,122 @@
+"""The ``openai`` package against a real daemon subprocess serving a generated GGUF."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from daemon_proc import DaemonProcess
+from llama_cpp import Llama
+from models_fixtures import gguf_path, module_tmp, start_daemon  # noqa: F401 - fixtures
+
+from edgepilot.models.onnx_gen import mlp_stack
+
+MESSAGES = [{"role": "system", "content": "You are an edge board."},
+            {"role": "user", "content": "hello the board"}]
+
+
+@pytest.fixture(scope="module")
+def daemon(module_tmp: Path, gguf_path: Path) -> Iterator[DaemonProcess]:  # noqa: F811
+    models = module_tmp / "models"
+    models.mkdir()
+    shutil.copy(gguf_path, models / "tiny.gguf")
+    mlp_stack(models / "mlp.onnx", widths=(8, 8), batch=1)
+    d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 256\n"
+                                 '[[models]]\nname = "tiny"\nfile = "tiny.gguf"\n')
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(daemon: DaemonProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(gguf_path: Path) -> Iterator[Llama]:  # noqa: F811
+    llm = Llama(str(gguf_path), n_ctx=256, seed=0, verbose=False)
+    yield llm
+    llm.close()
+
+
+def test_models_are_listed(client: openai.OpenAI) -> None:
+    ids = {m.id for m in client.models.list()}
+    assert ids == {"tiny", "mlp"}
+
+
+def test_chat_completion_usage_matches_llamacpp(client: openai.OpenAI, reference: Llama) -> None:
+    got = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                         max_tokens=12, temperature=0)
+    want = reference.create_chat_completion(messages=MESSAGES, max_tokens=12,  # type: ignore[arg-type]
+                                            temperature=0)
+    assert got.model == "tiny"
+    assert got.choices[0].message.content == want["choices"][0]["message"]["content"]
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == want["usage"]["prompt_tokens"]
+    assert got.usage.completion_tokens == want["usage"]["completion_tokens"]
+    assert got.usage.total_tokens == want["usage"]["total_tokens"]
+
+
+def test_streamed_chat_equals_the_plain_one(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                           max_tokens=10, temperature=0)
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                            max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert text == plain.choices[0].message.content
+    assert finish == plain.choices[0].finish_reason
+    assert usage is not None and plain.usage is not None
+    assert usage.prompt_tokens == plain.usage.prompt_tokens
+    assert usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_raw_stream_ends_with_done(daemon: DaemonProcess) -> None:
+    body = json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 3,
+                       "stream": True}).encode()
+    req = urllib.request.Request(daemon.url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in resp.read().decode().splitlines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: ") for e in events)
+
+
+def test_text_completion(client: openai.OpenAI, reference: Llama) -> None:
+    got = client.completions.create(model="tiny", prompt="the edge board is", max_tokens=6,
+                                    temperature=0)
+    want = reference.create_completion(prompt="the edge board is", max_tokens=6, temperature=0)
+    assert got.choices[0].text == want["choices"][0]["text"]  # type: ignore[index]
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == want["usage"]["prompt_tokens"]  # type: ignore[index]
+
+
+def test_bad_requests_get_openai_errors_and_serving_goes_on(client: openai.OpenAI,
+                                                            daemon: DaemonProcess) -> None:
+    with pytest.raises(openai.NotFoundError) as nf:
+        client.chat.completions.create(model="ghost", messages=MESSAGES)  # type: ignore[arg-type]
+    assert "unknown model 'ghost'" in str(nf.value) and "tiny" in str(nf.value)
+    with pytest.raises(openai.BadRequestError, match="/v1/infer/mlp"):
+        client.chat.completions.create(model="mlp", messages=MESSAGES)  # type: ignore[arg-type]
+    with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                       temperature=5)
+    code, body = daemon.request("POST", "/v1/chat/completions",
+                                {"model": "tiny", "messages": MESSAGES, "bogus": 1})
+    assert code == 422 and body["error"]["param"] == "bogus"
+    assert body["error"]["type"] == "invalid_request_error"
+    ok = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                        max_tokens=2, temperature=0)
+    assert ok.choices[0].message.role == "assistant"
