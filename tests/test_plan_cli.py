@@ -1,0 +1,98 @@
+"""`edgepilot plan` / `edgepilot bench` as real subprocesses, and the plan over HTTP + commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from edgepilot.models import onnx_gen
+
+PLAN_KEYS = {"model", "hash", "predicted_ms", "measured_ms", "layers"}
+LAYER_KEYS = {"name", "target", "predicted_ms", "measured_ms", "runner_up"}
+CONFIG = """
+[dispatch]
+profile_runs = 3
+warmup_runs = 1
+targets = ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8", "onnxruntime/cpu/int4"]
+[mqtt]
+enabled = false
+"""
+
+
+def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp / "edgepilot.toml"
+    cfg.write_text(CONFIG)
+    return subprocess.run(
+        [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir", str(tmp / "st"),
+         "--model-dir", str(tmp / "models"), *args],
+        capture_output=True, text=True, timeout=240, check=False)
+
+
+def models(tmp: Path) -> None:
+    onnx_gen.transformer_stack(tmp / "models" / "tf.onnx", n_blocks=2, d_model=64, seq=16,
+                               ffn_small=32, ffn_large=256)
+
+
+def check_plan_shape(plan: dict[str, Any]) -> None:
+    assert set(plan) >= PLAN_KEYS
+    assert len(plan["hash"]) == 10
+    for layer in plan["layers"]:
+        assert set(layer) >= LAYER_KEYS
+        assert layer["target"].startswith("onnxruntime/cpu/")
+        ru = layer["runner_up"]
+        assert ru is None or set(ru) == {"target", "predicted_ms"}
+
+
+def test_plan_and_bench_cli(tmp_path: Path) -> None:
+    models(tmp_path)
+    first = cli(tmp_path, "plan", "tf", "--json")
+    assert first.returncode == 0, first.stderr
+    plan = json.loads(first.stdout)
+    check_plan_shape(plan)
+    assert plan["model"] == "tf" and not plan["from_cache"]
+    assert list((tmp_path / "st" / "plans").glob("tf-*.json"))
+    again = json.loads(cli(tmp_path, "plan", "tf", "--json").stdout)
+    assert again["from_cache"] and again["hash"] == plan["hash"]
+    text = cli(tmp_path, "plan", "tf")
+    assert "runner-up" in text.stdout and "predicted" in text.stdout
+    bench = cli(tmp_path, "bench", "tf", "--json", "--runs", "3")
+    assert bench.returncode == 0, bench.stderr
+    data = json.loads(bench.stdout)
+    assert set(data["plan"]) >= {"median_ms", "predicted_ms", "targets", "error"}
+    assert set(data["single"]) == {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8",
+                                   "onnxruntime/cpu/int4"}
+    for row in data["single"].values():
+        assert set(row) == {"median_ms", "error", "within_tolerance"}
+    assert data["single"]["onnxruntime/cpu/fp32"]["error"] < 1e-5
+    assert data["raw"]["median_ms"] > 0
+
+
+def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
+    models(tmp_path)
+    res = cli(tmp_path, "plan", "nope")
+    assert res.returncode == 2
+    assert "unknown model 'nope'" in res.stderr and "tf" in res.stderr
+
+
+def test_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -> None:
+    models(tmp_path)
+    cfg = CONFIG + f'[daemon]\nmodel_dir = "{tmp_path / "models"}"\ndemo_models = false\n'
+    d = daemon_factory(cfg).start()
+    try:
+        status, plan = d.request("GET", "/v1/plan/tf")
+        assert status == 200
+        check_plan_shape(plan)
+        status, reply = d.request("POST", "/v1/commands/plan.get", {"model": "tf"})
+        assert status == 200 and reply["result"]["hash"] == plan["hash"]
+        status, err = d.request("GET", "/v1/plan/missing")
+        assert status == 404 and err["error"]["field"] == "model"
+        status, err = d.request("POST", "/v1/commands/plan.replan", {"model": "tf", "x": 1})
+        assert status == 400 and err["error"]["field"] == "x"
+        status, reply = d.request("POST", "/v1/commands/plan.replan", {"model": "tf"})
+        assert status == 200 and reply["result"]["model"] == "tf"
+        assert d.request("GET", "/healthz")[0] == 200  # still serving
+    finally:
+        d.stop()
