@@ -112,13 +112,25 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  board layer error: {board['error']}")
     for pol in board.get("policies", []):
         lines.append(f"  cpufreq {pol.get('name')}: cpus {pol.get('cpus')} governor "
-                     f"{pol.get('governor')} [{', '.join(pol.get('available_governors') or [])}]")
+                     f"{pol.get('governor')} [{', '.join(pol.get('governors') or [])}]")
     for dev in board.get("devfreq", []):
         lines.append(f"  devfreq {dev.get('name')} ({dev.get('kind')}): governor "
                      f"{dev.get('governor')}")
-    for key in ("rails", "thermal_zones", "profiles"):
-        if board.get(key):
-            lines.append(f"  {key}: {_short(board[key])}")
+    if board.get("rails_w"):
+        lines.append(f"  power rails (W): {_short(board['rails_w'])}; total {board.get('power_w')} "
+                     f"from {board.get('power_source')}")
+    else:
+        lines.append("  power rails: none found (no INA3221/INA2xx hwmon, battery or RAPL)")
+    if board.get("temps_c"):
+        lines.append(f"  thermal zones (°C): {_short(board['temps_c'])}")
+    lines.append(f"  profile files: {', '.join(board.get('profile_files') or []) or 'none'}")
+    writable = board.get("writable") or {}
+    if writable:
+        ok = sum(1 for v in writable.values() if v)
+        lines.append(f"  sysfs writable: {ok}/{len(writable)} DVFS files"
+                     + ("" if ok == len(writable) else " (run as root or grant CAP_DAC_OVERRIDE)"))
+    else:
+        lines.append("  sysfs writable: no cpufreq/devfreq files to write on this board")
     lines.append("backends:")
     for b in report["backends"]:
         if not b["available"]:

@@ -3,7 +3,7 @@
 # systemd-analyze for unit verification. Idempotent: does nothing when all are present.
 set -euo pipefail
 pkgs=(mosquitto mosquitto-clients python3-pyarmnn libarmnn-cpuref-backend22
-      libarmnntfliteparser22 systemd)
+      libarmnntfliteparser22 systemd e2fsprogs)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

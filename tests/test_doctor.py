@@ -10,12 +10,13 @@ from pathlib import Path
 from daemon_proc import free_port
 
 
-def run_doctor(tmp_path: Path, *extra: str, config: str = "") -> tuple[int, dict]:
+def run_doctor(tmp_path: Path, *extra: str, config: str = "",
+               doctor_args: tuple[str, ...] = ()) -> tuple[int, dict]:
     cfg = tmp_path / "c.toml"
     cfg.write_text(config)
     proc = subprocess.run(
         [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir",
-         str(tmp_path / "state"), *extra, "doctor", "--json"],
+         str(tmp_path / "state"), *extra, "doctor", "--json", *doctor_args],
         capture_output=True, text=True, timeout=240)
     return proc.returncode, json.loads(proc.stdout)
 
@@ -43,13 +44,18 @@ def test_doctor_reports_generic_board_and_every_target(tmp_path: Path) -> None:
 
 
 def test_doctor_reads_a_fake_board_tree(tmp_path: Path) -> None:
-    from board_fixtures import build_board_tree
+    from board_fixtures import build_tree
 
-    root = build_board_tree(tmp_path / "orin", "jetson_orin_nx_16gb")
-    rc, report = run_doctor(tmp_path, "--sysfs-root", str(root), config="[mqtt]\nenabled = false\n")
+    fake = build_tree(tmp_path / "orin", "orin")
+    try:
+        rc, report = run_doctor(tmp_path, "--sysfs-root", str(fake.root),
+                                config="[mqtt]\nenabled = false\n",
+                                doctor_args=("--backend", "onnxruntime"))
+    finally:
+        fake.close()
     assert rc == 0
     board = report["board"]
-    assert board["identity"]["family"] != "generic"
+    assert board["identity"]["family"] == "jetson-orin"
     assert {p["name"] for p in board["policies"]} == {"policy0", "policy4"}
     assert any(d["name"] == "17000000.gpu" and d["kind"] == "gpu" for d in board["devfreq"])
     assert report["mqtt"]["reachable"] is None
