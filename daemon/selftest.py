@@ -55,7 +55,7 @@ class BackendResult:
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(b64), 1e-12))
+    return float(np.linalg.norm(a64 - b64)) / max(float(np.linalg.norm(b64)), 1e-12)
 
 
 def settings_for(config: Config, name: str) -> Any:
@@ -71,7 +71,8 @@ def _onnx_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
     path = work / "probe.onnx"
     model = mlp_stack(path, widths=(16, 64, 16))
     feeds = sample_inputs(model)[0]
-    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    ref_out: Any = ReferenceEvaluator(model).run(None, feeds)
+    ref = np.asarray(ref_out[0])
     seg = Segment(path, "onnx", tuple(i.name for i in model.graph.input),
                   tuple(o.name for o in model.graph.output), name="probe")
     out_name = onnx.load(str(path)).graph.output[0].name
