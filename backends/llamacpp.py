@@ -71,8 +71,8 @@ class LlamaExecutable(Executable):
     Calls are serialised by an internal lock: one llama context must never run two requests.
     """
 
-    def __init__(self, llm: Any, info: GgufInfo, target: Target, n_ctx: int,
-                 kv_type: str, n_gpu_layers: int) -> None:
+    def __init__(self, llm: Any, info: GgufInfo, target: Target, kv_type: str,
+                 n_gpu_layers: int) -> None:
         self.llm = llm
         self.info = info
         self.target = target
@@ -215,5 +215,5 @@ class LlamaCppBackend(Backend):
                                field="file") from None
         device = "gpu" if n_gpu and self.gpu_offload() else "cpu"
         log.info("llama.cpp loaded %s (ctx %d, n_gpu_layers %d)", path.name, ctx, n_gpu)
-        return LlamaExecutable(llm, info, Target(self.name, device, info.weight_type), ctx,
+        return LlamaExecutable(llm, info, Target(self.name, device, info.weight_type),
                                s.kv_cache_type, n_gpu)

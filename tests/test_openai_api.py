@@ -120,3 +120,18 @@ def test_bad_requests_get_openai_errors_and_serving_goes_on(client: openai.OpenA
     ok = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
                                         max_tokens=2, temperature=0)
     assert ok.choices[0].message.role == "assistant"
+
+
+def test_client_leaving_mid_stream_frees_the_device(daemon: DaemonProcess,
+                                                    client: openai.OpenAI) -> None:
+    body = json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 200,
+                       "temperature": 0, "stream": True}).encode()
+    req = urllib.request.Request(daemon.url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.readline().startswith(b"data: ")  # then hang up mid-stream
+    ok = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                        max_tokens=2, temperature=0)
+    assert ok.choices[0].finish_reason in ("length", "stop")
+    code, listing = daemon.request("POST", "/v1/commands/model.list", {})
+    assert code == 200 and listing["result"]["models"]
