@@ -98,6 +98,13 @@ def create_app(daemon: Daemon) -> FastAPI:
         first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc) or None
+        if field is None:
+            # the body as a whole was not a JSON object (often: curl -d without a JSON
+            # Content-Type, which FastAPI then does not parse as JSON)
+            return http_error(422, {"code": "bad_request", "field": "body",
+                                    "message": "request body must be a JSON object sent with "
+                                               f"'Content-Type: application/json' "
+                                               f"({first.get('msg')})"})
         return http_error(422, {"code": "bad_request", "field": field,
                                 "message": f"field '{field}': {first.get('msg')}"})
 
