@@ -327,3 +327,27 @@ def test_events_and_home_assistant_discovery(running: Any, broker: Broker) -> No
         assert conf["unique_id"] == "edgepilot_dev1_cpu_util"
     finally:
         rec.close()
+
+
+def test_status_refresh_on_profile_event_and_reload_to_new_device_id(
+        running: Any, broker: Broker) -> None:  # noqa: F811
+    d = running()
+    rec = Recorder(broker, [f"{BASE}/status", "edgepilot/dev2/status"])
+    try:
+        wait_for(lambda: rec.json_on(f"{BASE}/status"), what="first status")
+        d.daemon.events.emit("profile.applied", name="powersave")
+        wait_for(lambda: len(rec.json_on(f"{BASE}/status")) >= 2, what="status refreshed")
+        assert rec.json_on(f"{BASE}/status")[-1]["state"] == "online"
+        # SIGHUP with a new [mqtt] device_id: old status goes offline, new one comes online
+        old = d.daemon.config
+        new = old.model_copy(update={"mqtt": old.mqtt.model_copy(update={"device_id": "dev2"})})
+        d.daemon.config = new
+        d.lt.run(d.daemon.mqtt.reload(old, new))
+        wait_for(lambda: rec.json_on(f"{BASE}/status")[-1]["state"] == "offline",
+                 what="old device offline")
+        wait_for(lambda: [s for s in rec.json_on("edgepilot/dev2/status")
+                          if s["state"] == "online"], what="new device online")
+        rep = d.report()
+        assert rep["dropped"] == 0 and rep["mqtt_connected"] is True
+    finally:
+        rec.close()

@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -93,7 +94,7 @@ def test_daemon_over_mqtt_end_to_end(tmp_path: Path, broker: Broker,  # noqa: F8
         # telemetry: seq strictly increasing, power from the fake Orin's INA3221
         wait_for(lambda: len(seqs(rec)) >= 4, what="telemetry")
         got = seqs(rec)
-        assert all(b > a for a, b in zip(got, got[1:], strict=False)), got
+        assert all(b > a for a, b in pairwise(got)), got
         tele = rec.json_on(f"{BASE}/telemetry")[-1]
         assert tele["power_w"] > 0 and tele["rails_w"]["VDD_IN"] > 0
         assert tele["energy_j"] > 0 and "ts" in tele and tele["dropped"] == 0
@@ -153,7 +154,7 @@ def test_daemon_over_mqtt_end_to_end(tmp_path: Path, broker: Broker,  # noqa: F8
                  timeout=60, what="online after restart")
         wait_for(lambda: seqs(rec)[-1] > last_seq, what="telemetry after restart")
         got = seqs(rec)
-        assert all(b > a for a, b in zip(got, got[1:], strict=False)), got
+        assert all(b > a for a, b in pairwise(got)), got
 
         # SIGTERM: a clean offline, exit 0
         assert d2.stop(signal.SIGTERM) == 0
