@@ -1,8 +1,8 @@
 """Side-by-side timing of a plan, every single-target plan and the raw runtime on the file.
 
-All variants are compiled first, then timed round-robin (one run of each in turn, ``runs``
-rounds) so that a load spike on the shared board hits every variant alike; medians are
-reported with the output error of each variant against the fp32 reference.
+All variants are compiled first, then timed in turns (a warm-up run and a block of timed runs
+of each variant, repeated) so that a load spike on the shared board hits every variant alike;
+medians are reported with the output error of each variant against the fp32 reference.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError
 
+BLOCK = 5
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
@@ -81,11 +82,16 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
         for _ in range(warmup):
             fn(feed)
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(runs):
+    # blocks of BLOCK timed runs after one untimed one, variants in turn: each timed run is
+    # warm (cache holds that variant's weights), and load drift hits every variant alike
+    rounds = max(1, -(-runs // BLOCK))
+    for _ in range(rounds):
         for name, fn in runners.items():
-            t0 = time.perf_counter()
             fn(feed)
-            times[name].append((time.perf_counter() - t0) * 1e3)
+            for _ in range(BLOCK):
+                t0 = time.perf_counter()
+                fn(feed)
+                times[name].append((time.perf_counter() - t0) * 1e3)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     tol = md.opts.tolerance
     single = {name: {"median_ms": round(med[name], 4), "error": errors[name],

@@ -142,8 +142,13 @@ def transformer_stack(path: Path | None = None, n_blocks: int = 4, d_model: int 
 
 
 def small_cnn(path: Path | None = None, size: int = 64, channels: Sequence[int] = (16, 32, 64),
-              classes: int = 10, seed: int = 0) -> onnx.ModelProto:
-    """Conv3x3/Relu/MaxPool stages on ``[1, 3, size, size]`` and a Gemm to ``classes``."""
+              classes: int = 10, seed: int = 0, head: Sequence[int] = (),
+              batch: int = 1) -> onnx.ModelProto:
+    """Conv3x3/Relu/MaxPool stages on ``[batch, 3, size, size]`` and a Gemm to ``classes``.
+
+    ``head`` adds dense MatMul+Relu layers of those widths before the classifier: a model whose
+    conv layers and dense layers favour different precisions (int8 pays on big MatMuls only).
+    """
     if size < 2 ** len(channels) or not channels or classes < 1:
         raise ValueError("small_cnn: size must survive one 2x pool per stage")
     b = _Builder(seed)
@@ -156,13 +161,16 @@ def small_cnn(path: Path | None = None, size: int = 64, channels: Sequence[int] 
         x = b.node("MaxPool", [x], f"pool{i}", kernel_shape=[2, 2], strides=[2, 2])
         c_in, hw = c_out, hw // 2
     flat = c_in * hw * hw
-    shape = b.const("flat_shape", np.array([1, flat], dtype=np.int64))
+    shape = b.const("flat_shape", np.array([batch, flat], dtype=np.int64))
     x = b.node("Reshape", [x, shape], "flatten")
+    for i, width in enumerate(head):
+        x = b.node("Relu", [b.linear(x, flat, width, f"head{i}")], f"hrelu{i}")
+        flat = width
     w = b.weight("fc_w", (classes, flat), flat)
     bias = b.const("fc_b", np.zeros(classes, dtype=np.float32))
     y = b.node("Gemm", [x, w, bias], "fc", transB=1)
-    inp = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])
-    model = b.model("small_cnn", inp, y, [1, classes])
+    inp = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])
+    model = b.model("small_cnn", inp, y, [batch, classes])
     return _save(_rename_output(model, y, "y"), path)
 
 

@@ -1,0 +1,50 @@
+"""TFLite graphs as partitioner nodes, read through the tflite backend's flatbuffer helpers
+(:mod:`edgepilot.models.tflite_graph`); FLOPs for the GEMM/conv operators, sizes from shapes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from edgepilot.dispatch.partition import Node
+from edgepilot.models import tflite_graph
+
+_ITEMSIZE = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1,
+             "INT16": 2, "INT8": 1, "FLOAT64": 8}
+
+
+def _shape(tensor: Any) -> list[int]:
+    return [max(int(d), 1) for d in (tensor.shape if tensor.shape is not None else [])]
+
+
+def read_tflite(path: Path) -> tuple[list[Node], list[str], list[str], dict[str, int]]:
+    """Operators in file order, model inputs/outputs and bytes per tensor name."""
+    model = tflite_graph.load(path)
+    sg = model.subgraphs[0]
+    types = {v: k for k, v in vars(tflite_graph._schema().TensorType).items()
+             if not k.startswith("_")}
+    sizes: dict[str, int] = {}
+    shapes: dict[str, list[int]] = {}
+    for t in sg.tensors:
+        name = tflite_graph._name(t)
+        shapes[name] = _shape(t)
+        sizes[name] = math.prod(shapes[name]) * _ITEMSIZE.get(types.get(t.type, ""), 4)
+    nodes: list[Node] = []
+    for layer, op in zip(tflite_graph.layers(path), sg.operators or [], strict=True):
+        consts = [sg.tensors[i] for i in tflite_graph._ints(op.inputs)
+                  if i >= 0 and tflite_graph._is_const(model, sg.tensors[i])]
+        wbytes = sum(sizes[tflite_graph._name(t)] for t in consts)
+        out_elems = sum(math.prod(shapes[o]) for o in layer.outputs)
+        flops = out_elems
+        weights = [_shape(t) for t in consts if len(_shape(t)) >= 2]
+        if layer.op == "FULLY_CONNECTED" and weights:
+            flops = 2 * out_elems * weights[0][-1]
+        elif layer.op in ("CONV_2D", "DEPTHWISE_CONV_2D") and weights:
+            w = weights[0]
+            per_out = math.prod(w[1:]) if layer.op == "CONV_2D" else math.prod(w[1:3])
+            flops = 2 * out_elems * per_out
+        nodes.append(Node(f"{layer.op}_{layer.index}", layer.op, layer.inputs, layer.outputs,
+                          flops, wbytes))
+    ins, outs = tflite_graph.io_names(path)
+    return nodes, list(ins), list(outs), sizes
