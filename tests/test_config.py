@@ -31,7 +31,8 @@ def test_unknown_keys_are_named_by_dotted_path() -> None:
     ({"mqtt": {"protocol": "4"}}, "mqtt.protocol", "'5' or '3.1.1'"),
     ({"telemetry": {"sample_interval_s": 0.01}}, "telemetry.sample_interval_s",
      "greater than or equal to 0.1"),
-    ({"daemon": {"log_level": "loud"}}, "daemon.log_level", "'debug', 'info', 'warning' or 'error'"),
+    ({"daemon": {"log_level": "loud"}}, "daemon.log_level",
+     "'debug', 'info', 'warning' or 'error'"),
     ({"mqtt": {"device_id": "a/b"}}, "mqtt.device_id", "pattern"),
 ])
 def test_bad_values_name_field_and_allowed_values(data: dict, field: str, allowed: str) -> None:
