@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from edgepilot.backends import load_backend
 from edgepilot.backends.base import Segment, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
