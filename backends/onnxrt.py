@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from edgepilot.backends.base import (
     Backend,
     BackendUnavailable,
