@@ -50,7 +50,8 @@ def wait_for(pred: Callable[[], Any], timeout: float = 20.0, interval: float = 0
 class Broker:
     """One mosquitto process on 127.0.0.1:<port>, restartable on the same port."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None,
+                 tls: tuple[Path, Path, Path] | None = None) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.host = "127.0.0.1"
@@ -69,6 +70,12 @@ class Broker:
             "log_type warning",
             "max_queued_messages 100000",
         ]
+        self.tls_port: int | None = None
+        if tls is not None:  # (ca, cert, key): a second listener with TLS
+            self.tls_port = free_port()
+            ca, cert, key = tls
+            lines += [f"listener {self.tls_port} 127.0.0.1", f"cafile {ca}", f"certfile {cert}",
+                      f"keyfile {key}"]
         if os.geteuid() == 0:
             lines.append("user root")  # else it drops to 'mosquitto', who cannot write workdir
         self.conf.write_text("\n".join(lines) + "\n")
@@ -117,6 +124,26 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
         yield b
     finally:
         b.stop()
+
+
+def make_test_ca(workdir: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with the openssl CLI."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ca_key, ca, key, csr, cert = (workdir / n for n in
+                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    san = workdir / "san.cnf"
+    san.write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, timeout=60, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
+        "-days", "2", "-subj", "/CN=edgepilot-test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+        "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(san))
+    return ca, cert, key
 
 
 class Recorder:

@@ -13,13 +13,20 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from mqtt_fixtures import Broker, InProcessDaemon, Recorder, broker, wait_for  # noqa: F401
+from mqtt_fixtures import (  # noqa: F401
+    Broker,
+    InProcessDaemon,
+    Recorder,
+    broker,
+    make_test_ca,
+    wait_for,
+)
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict
 
-from edgepilot.errors import CommandError
+from edgepilot.errors import CommandError, ConfigError
 from edgepilot.mqtt.outbox import Outbox, OutMessage
 from edgepilot.mqtt.topics import Topics
 
@@ -351,3 +358,36 @@ def test_status_refresh_on_profile_event_and_reload_to_new_device_id(
         assert rep["dropped"] == 0 and rep["mqtt_connected"] is True
     finally:
         rec.close()
+
+
+# ---- TLS ----------------------------------------------------------------------------------
+def test_tls_connection_with_ca_file(tmp_path: Path) -> None:
+    ca, cert, key = make_test_ca(tmp_path / "pki")
+    tls_broker = Broker(tmp_path / "tlsbroker", tls=(ca, cert, key))
+    tls_broker.start()
+    d = None
+    try:
+        rec = Recorder(tls_broker, [f"{BASE}/status"])  # plain listener, to watch
+        d = InProcessDaemon(tmp_path / "state", tls_broker,
+                            mqtt_cfg={"port": tls_broker.tls_port,
+                                      "tls": {"ca_file": str(ca)}}).start()
+        online = wait_for(lambda: rec.json_on(f"{BASE}/status"), what="online over TLS")
+        assert online[-1]["state"] == "online"
+        rec.close()
+    finally:
+        if d is not None:
+            d.stop()
+        tls_broker.stop()
+
+
+def test_missing_tls_file_is_a_config_error_naming_the_field(tmp_path: Path,
+                                                             broker: Broker) -> None:  # noqa: F811
+    d = InProcessDaemon(tmp_path / "state", broker,
+                        mqtt_cfg={"tls": {"ca_file": str(tmp_path / "nope.pem")}})
+    try:
+        with pytest.raises(ConfigError) as exc:
+            d.start()
+        assert exc.value.field == "mqtt.tls.ca_file"
+        assert "nope.pem" in exc.value.message
+    finally:
+        d.stop()
