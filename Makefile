@@ -43,7 +43,8 @@ lint: install
 	$(VENV)/bin/mypy daemon backends
 
 bench: install
-	$(PY) bench/run_all.py
+	$(PY) bench/run_bench.py
+	$(PY) bench/telemetry_cpu.py
 
 clean:
 	rm -rf $(VENV) $(STATE_DIR) build *.egg-info
