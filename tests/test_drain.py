@@ -1,0 +1,45 @@
+"""SIGTERM stops intake but lets an in-flight request finish, then exits 0."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import time
+from pathlib import Path
+
+from daemon_proc import DaemonProcess, free_port
+
+
+def test_sigterm_drains_in_flight_stream_and_refuses_new_work(tmp_path: Path) -> None:
+    closed = free_port()
+    d = DaemonProcess(tmp_path, f"[mqtt]\nport = {closed}\n[daemon]\ndrain_timeout_s = 60\n")
+    d.start()
+    d.wait_for("/readyz", 200, timeout=120)
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({
+        "model": "demo-chat", "prompt": "once", "max_tokens": 300, "stream": True,
+        "temperature": 1.0, "seed": 1}), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    first = resp.readline()
+    assert first.startswith(b"data: ")
+    d.send_signal(signal.SIGTERM)
+    # intake stops: a new connection is refused (or reset) while the stream goes on
+    deadline = time.monotonic() + 10
+    refused = False
+    while time.monotonic() < deadline and not refused:
+        try:
+            probe = http.client.HTTPConnection("127.0.0.1", d.port, timeout=2)
+            probe.request("GET", "/healthz")
+            probe.getresponse().read()
+            time.sleep(0.05)
+        except OSError:
+            refused = True
+    assert refused, "the daemon still accepted new connections after SIGTERM"
+    rest = resp.read().decode()
+    events = [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    finish = json.loads(events[-2])["choices"][0]["finish_reason"]
+    assert finish in ("length", "stop")
+    assert d.stop(timeout=30) == 0
