@@ -46,6 +46,10 @@ _DTYPES = {"Float32": "float32", "Float16": "float16", "QAsymmU8": "uint8",
 
 
 def _ann() -> Any:
+    # pyarmnn warns at import about every parser its build lacks (Caffe, ONNX, TF on Debian's);
+    # only the TfLite parser is used here and probe() reports what is missing, so keep the
+    # operator's log for things that need action.
+    logging.getLogger("pyarmnn").setLevel(logging.ERROR)
     try:
         import pyarmnn
     except ImportError as exc:

@@ -79,32 +79,37 @@ def _onnx_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
     return [_check(backend, seg, t, feeds, out_name, ref) for t in targets]
 
 
-def _tflite_probe(backend: Backend, targets: list[Target], work: Path,
-                  reference: np.ndarray | None) -> tuple[list[TargetResult], np.ndarray | None]:
+def _tflite_probe(backend: Backend, targets: list[Target], work: Path) -> list[TargetResult]:
     from edgepilot.models.tflite_gen import write_mlp_tflite
 
     path = work / "probe.tflite"
-    write_mlp_tflite(path, width=16, depth=2)
-    x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
-    results = []
-    for t in targets:
-        seg = _whole_tflite_segment(path)
-        feeds = {seg.inputs[0]: x}
-        res = _check(backend, seg, t, feeds, seg.outputs[0], reference)
-        if reference is None and res.ok:
-            exe = backend.compile(seg, t)
-            reference = exe.run(feeds)[seg.outputs[0]]
-            exe.close()
-        results.append(res)
-    return results, reference
+    if not path.exists():
+        write_mlp_tflite(path, width=16, depth=2)
+    seg = _whole_tflite_segment(path)
+    feeds = {seg.inputs[0]: np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)}
+    ref = _tflite_reference(path, feeds)
+    return [_check(backend, seg, t, feeds, seg.outputs[0], ref) for t in targets]
+
+
+def _tflite_reference(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The TFLite interpreter's own output, called directly (None when it is not installed)."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        return None
+    interp = Interpreter(model_path=str(path))
+    interp.allocate_tensors()
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], feeds[d["name"]])
+    interp.invoke()
+    return np.array(interp.get_tensor(interp.get_output_details()[0]["index"]))
 
 
 def _whole_tflite_segment(path: Path) -> Segment:
-    from ai_edge_litert.interpreter import Interpreter
+    from edgepilot.models.tflite_graph import io_names
 
-    interp = Interpreter(model_path=str(path))
-    return Segment(path, "tflite", tuple(d["name"] for d in interp.get_input_details()),
-                   tuple(d["name"] for d in interp.get_output_details()), name="probe")
+    inputs, outputs = io_names(path)
+    return Segment(path, "tflite", tuple(inputs), tuple(outputs), name="probe")
 
 
 def _check(backend: Backend, seg: Segment, target: Target, feeds: dict[str, np.ndarray],
@@ -164,10 +169,8 @@ def _gguf_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
 def run_selftests(config: Config, names: list[str] | None = None) -> list[BackendResult]:
     """Probe every backend (or ``names``) and run the tiny model on each of its targets."""
     out: list[BackendResult] = []
-    tflite_ref: np.ndarray | None = None
     with tempfile.TemporaryDirectory(prefix="edgepilot-doctor-") as tmp:
         work = Path(tmp)
-        # tflite before armnn: armnn is checked against the TFLite interpreter's output
         order = [n for n in ("onnxruntime", "tflite", "armnn", "llamacpp") if n in BACKENDS]
         for name in names or order:
             res = BackendResult(name, available=False)
@@ -186,8 +189,7 @@ def run_selftests(config: Config, names: list[str] | None = None) -> list[Backen
                 if name == "onnxruntime":
                     res.targets = _onnx_probe(backend, targets, work)
                 elif name in ("tflite", "armnn"):
-                    res.targets, ref = _tflite_probe(backend, targets, work, tflite_ref)
-                    tflite_ref = tflite_ref if tflite_ref is not None else ref
+                    res.targets = _tflite_probe(backend, targets, work)
                 elif name == "llamacpp":
                     res.targets = _gguf_probe(backend, targets, work)
             except Exception as exc:
