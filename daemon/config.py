@@ -72,6 +72,16 @@ class DvfsSection(Section):
         description="Extra directories of profile TOML files, searched before the built-ins.")
     command_timeout_s: float = Field(
         10.0, ge=0.1, le=120, description="Timeout for nvpmodel/jetson_clocks.")
+    nvpmodel: Path | None = Field(
+        None, description="nvpmodel executable. Unset: looked up on PATH only when "
+        "[daemon] sysfs_root is '/'; with any other root the nvpmodel steps are skipped.")
+    jetson_clocks: Path | None = Field(
+        None, description="jetson_clocks executable. Unset: looked up on PATH only when "
+        "[daemon] sysfs_root is '/'; with any other root the jetson_clocks steps are skipped.")
+    thermal_dwell_s: float = Field(
+        30.0, ge=0, le=3600,
+        description="Least time on a thermal fallback profile before returning to the one it "
+        "replaced, so a board that cools fast does not flap between them.")
 
 
 class TelemetrySection(Section):

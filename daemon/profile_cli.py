@@ -84,5 +84,27 @@ def _human(verb: str, result: Any) -> str:
         for name, d in result["devfreq"].items():
             lines.append(f"  {name} [{d['kind']}] {d['governor']} "
                          f"{d['min_hz']}..{d['max_hz']} Hz (cur {d['cur_hz']})")
+        lines += _tool_lines(result["tools"])
+        lim = (result.get("thermal") or {}).get("limits") or {}
+        if lim.get("max_c") is not None:
+            lines.append(f"  thermal: max {lim['max_c']} C on {', '.join(lim['zones']) or 'all'}"
+                         f" zones, fallback {lim.get('fallback') or 'none'}")
+        return "\n".join(lines)
+    if verb == "show":
+        lines = [f"{result['name']}: {result.get('description', '')} ({result['source']})"]
+        if result.get("plan") is None:
+            lines.append(f"  not applicable here: {result.get('error')}")
+        else:
+            for t in result["plan"]["targets"]:
+                lines.append("  " + " ".join(f"{k}={v}" for k, v in t.items() if v is not None))
+            lines += [f"  skipped {s}" for s in result["plan"]["skipped"]]
         return "\n".join(lines)
     return json.dumps(result, indent=2, default=str)
+
+
+def _tool_lines(tools: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for name, t in tools.items():
+        state = t["path"] or (f"skipped: {t['skipped']}" if t["skipped"] else t["error"])
+        lines.append(f"  {name}: {state}")
+    return lines

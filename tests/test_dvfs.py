@@ -4,7 +4,6 @@ an injected write failure, conflicts, crash journal (SIGKILL), and the daemon se
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -35,16 +34,13 @@ __all__ = ["fake_board"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def jetson_tools(monkeypatch: pytest.MonkeyPatch) -> None:
-    """nvpmodel/jetson_clocks emulators first on PATH (they find the tree via the env)."""
-    monkeypatch.setenv("PATH", f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
-
-
 def manager_for(fake: FakeBoard, state: Path, monkeypatch: pytest.MonkeyPatch,
                 events: EventBus | None = None) -> ProfileManager:
+    """A manager running the nvpmodel/jetson_clocks emulators, by explicit path; the
+    emulators (not our code) find the tree through EDGEPILOT_FAKE_ROOT."""
     monkeypatch.setenv("EDGEPILOT_FAKE_ROOT", str(fake.root))
-    return ProfileManager(Board(fake.root), ProfileStore(), state, events)
+    return ProfileManager(Board(fake.root), ProfileStore(), state, events,
+                          nvpmodel=BIN_DIR / "nvpmodel", jetson_clocks=BIN_DIR / "jetson_clocks")
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

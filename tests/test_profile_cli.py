@@ -16,12 +16,19 @@ __all__ = ["fake_board"]
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(fake: FakeBoard, state: Path, *args: str,
-        ok: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}",
-           "EDGEPILOT_FAKE_ROOT": str(fake.root)}
-    proc = subprocess.run([sys.executable, "-m", "edgepilot", "--sysfs-root", str(fake.root),
-                           "--state-dir", str(state), "profile", *args],
+def cli(fake: FakeBoard, state: Path, *args: str, ok: bool = True,
+        tools: bool = True) -> subprocess.CompletedProcess[str]:
+    """``edgepilot profile ARGS``; ``tools``: a config naming the emulators in tests/bin
+    (they, not edgepilot, read EDGEPILOT_FAKE_ROOT)."""
+    env = {**os.environ, "EDGEPILOT_FAKE_ROOT": str(fake.root)}
+    config: list[str] = []
+    if tools:
+        path = state.parent / f"{state.name}-tools.toml"
+        path.write_text(f'[dvfs]\nnvpmodel = "{BIN_DIR / "nvpmodel"}"\n'
+                        f'jetson_clocks = "{BIN_DIR / "jetson_clocks"}"\n')
+        config = ["--config", str(path)]
+    proc = subprocess.run([sys.executable, "-m", "edgepilot", *config, "--sysfs-root",
+                           str(fake.root), "--state-dir", str(state), "profile", *args],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert (proc.returncode == 0) == ok, proc.stderr
     return proc

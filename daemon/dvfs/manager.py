@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from edgepilot.board import Board
 from edgepilot.dvfs import journal as jr
 from edgepilot.dvfs.profiles import Profile, ProfileStore
 from edgepilot.dvfs.resolve import Plan, TargetPlan, build_plan, limit_order
-from edgepilot.dvfs.tools import JetsonClocks, NvpModel
+from edgepilot.dvfs.thermal import validate_limits
+from edgepilot.dvfs.tools import JetsonClocks, NvpModel, ToolLocation, locate_tool
 from edgepilot.errors import BoardError, EdgepilotError, NotFoundError, ProfileError
 from edgepilot.events import EventBus
 
@@ -39,14 +41,24 @@ class ProfileManager:
     worker thread (``daemon.run_blocking``) in async code."""
 
     def __init__(self, board: Board, store: ProfileStore, state_dir: Path,
-                 events: EventBus | None = None, command_timeout_s: float = 10.0) -> None:
+                 events: EventBus | None = None, command_timeout_s: float = 10.0, *,
+                 nvpmodel: Path | None = None, jetson_clocks: Path | None = None) -> None:
+        """``nvpmodel``/``jetson_clocks``: the tools' paths ([dvfs] keys); None = PATH on a
+        real root, skipped on a fake one (see edgepilot.dvfs.tools.locate_tool)."""
         self.board = board
         self.store = store
         self.state_dir = Path(state_dir)
         self.events = events or EventBus()
-        self.nvpmodel = NvpModel(command_timeout_s)
-        self.jetson_clocks = JetsonClocks(command_timeout_s)
-        self._lock = threading.RLock()
+        self.tools: dict[str, ToolLocation] = {
+            "nvpmodel": locate_tool("nvpmodel", nvpmodel, board.root),
+            "jetson_clocks": locate_tool("jetson_clocks", jetson_clocks, board.root)}
+        self.nvpmodel = NvpModel(self.tools["nvpmodel"], command_timeout_s)
+        self.jetson_clocks = JetsonClocks(self.tools["jetson_clocks"], command_timeout_s)
+        # held for a whole transaction; the thermal guard holds it across check-and-apply
+        self.lock = threading.RLock()
+        self._lock = self.lock
+        # set by the daemon's DVFS service: () -> the thermal guard's state, for status()
+        self.thermal_state: Callable[[], dict[str, Any]] | None = None
         current = jr.load(self.state_dir)
         # a journal from another process on the same root means a profile is in force
         self.active_name: str | None = current.profile if current and current.applied else None
@@ -65,11 +77,12 @@ class ProfileManager:
     def list(self) -> list[dict[str, Any]]:
         """Every profile for this board with whether it validates here."""
         out = []
-        for name, prof in sorted(self.profiles().items()):
+        profiles = self.profiles()
+        for name, prof in sorted(profiles.items()):
             entry: dict[str, Any] = {"name": name, "description": prof.spec.description,
                                      "source": str(prof.source), "active": name == self.active_name}
             try:
-                build_plan(prof, self.board)
+                self._plan(prof, profiles)
                 entry["valid"], entry["error"] = True, None
             except EdgepilotError as exc:
                 entry["valid"], entry["error"] = False, exc.message
@@ -80,15 +93,27 @@ class ProfileManager:
         """The merged profile and what it would set on this board."""
         prof = self.get(name)
         result = prof.as_dict()
+        result["tools"] = self.tools_report()
         try:
-            result["plan"] = build_plan(prof, self.board).as_dict()
+            result["plan"] = self._plan(prof).as_dict()
         except EdgepilotError as exc:
             result["plan"], result["error"] = None, exc.message
         return result
 
     def status(self) -> dict[str, Any]:
+        """Active profile, journal, current clocks, vendor tools and the thermal guard."""
         journal = jr.load(self.state_dir)
         sample = self.board.sample()
+        if self.thermal_state is not None:
+            thermal = self.thermal_state()
+        else:  # CLI, or a daemon without telemetry: limits are known but nobody watches them
+            limits = None
+            if self.active_name is not None:
+                try:
+                    limits = self.get(self.active_name).spec.thermal.model_dump()
+                except EdgepilotError:
+                    limits = None
+            thermal = {"watching": False, "limits": limits}
         return {
             "active": self.active_name,
             "family": self.board.identity.family,
@@ -97,14 +122,46 @@ class ProfileManager:
             "changed_files": sorted(journal.original) if journal else [],
             "cpu": sample.cpu,
             "devfreq": sample.devfreq,
+            "tools": self.tools_report(),
+            "thermal": thermal,
         }
 
+    def tools_report(self) -> dict[str, dict[str, Any]]:
+        """Per vendor tool: its path, or why its steps are skipped / cannot run."""
+        return {name: loc.as_dict() for name, loc in self.tools.items()}
+
+    def _plan(self, prof: Profile, profiles: dict[str, Profile] | None = None) -> Plan:
+        """Validate ``prof`` on this board (clocks, thermal limits, tools) into a Plan."""
+        plan = build_plan(prof, self.board)
+        validate_limits(prof, profiles if profiles is not None else self.profiles(), self.board)
+        steps = (("nvpmodel", plan.nvpmodel is not None, f"nvpmodel -m {plan.nvpmodel}"),
+                 ("jetson_clocks", bool(plan.jetson_clocks), "jetson_clocks"))
+        for tool_name, wanted, what in steps:
+            tool = self.tools[tool_name]
+            if not wanted or tool.path is not None:
+                continue
+            if tool.error is not None:
+                raise ProfileError(f"{prof.source}: profiles.{prof.name}.{tool_name}: "
+                                   f"{tool.error}", field=tool_name)
+            plan.skipped.append(f"{what}: skipped: {tool.skip}")
+            if tool_name == "nvpmodel":
+                plan.nvpmodel = None
+            else:
+                plan.jetson_clocks = None
+        return plan
+
     # ---- apply ---------------------------------------------------------------------------------
-    def apply(self, name: str) -> dict[str, Any]:
-        """Apply ``name`` transactionally; raise ProfileError (board unchanged) on failure."""
+    def apply(self, name: str, reason: str = "requested") -> dict[str, Any]:
+        """Apply ``name`` transactionally; raise ProfileError (board unchanged) on failure.
+
+        ``reason`` goes into the ``profile.applied`` event ("thermal" for the guard's moves).
+        """
         with self._lock, jr.locked(self.state_dir):
             prof = self.get(name)
-            plan = build_plan(prof, self.board)      # validation: nothing written yet
+            plan = self._plan(prof)      # validation: nothing written yet
+            for s in plan.skipped:
+                if s.startswith(("nvpmodel", "jetson_clocks")):
+                    log.warning("profile %s: %s", name, s)
             before = self._snapshot()
             previous = jr.load(self.state_dir)
             journal = jr.Journal(str(self.board.root), name)
@@ -132,7 +189,7 @@ class ProfileManager:
                         self.jetson_clocks.store(Path(journal.jetson_clocks_store))
                     self.jetson_clocks.lock()
                 # tools may have moved limits or offlined CPUs: plan again on what is there now
-                plan = build_plan(prof, self.board)
+                plan = self._plan(prof)
                 for path, text in self._snapshot().items():
                     journal.original.setdefault(path, before.get(path, text))
                 jr.save(self.state_dir, journal)
@@ -150,7 +207,7 @@ class ProfileManager:
                       "skipped": plan.skipped, "nvpmodel": plan.nvpmodel,
                       "jetson_clocks": plan.jetson_clocks}
             self.events.emit("profile.applied", profile=name, written=len(written),
-                             skipped=plan.skipped)
+                             skipped=plan.skipped, reason=reason)
             return result
 
     def _write_plan(self, plan: Plan) -> Writes:

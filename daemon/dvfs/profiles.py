@@ -13,8 +13,11 @@ A file holds ``[match] compatible = [...]`` (optional) and ``[profiles.<name>]``
     max = "80%"
     [profiles.balanced.devfreq.gpu]    # "*", "gpu", "npu", "memory", or a devfreq name (Hz)
     governor = "performance"
-    [profiles.balanced.thermal]
-    max_c = 85.0
+    [profiles.balanced.thermal]        # enforced while the profile is active
+    max_c = 85.0                       # a listed zone above this ...
+    zones = ["tj-thermal"]             # (default: every zone)
+    fallback = "powersave"             # ... applies this profile
+    hysteresis = 5.0                   # back once every zone is 5 C below max_c
 
 ``generic.toml`` applies to every board; a family file applies when its stem is the board's
 family or its ``compatible`` list matches, and its profiles override generic ones by name.
@@ -30,7 +33,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from edgepilot.board.identity import GENERIC, BoardIdentity, compatible_matches
 from edgepilot.errors import ProfileError
@@ -80,11 +90,23 @@ class ClockSettings(_Strict):
 
 
 class ThermalLimits(_Strict):
+    """Enforced by the daemon's thermal guard (edgepilot.dvfs.thermal) while the profile is on."""
+
     max_c: float | None = Field(None, gt=0, le=150,
                                 description="Highest temperature allowed while active.")
     zones: list[str] = Field(default_factory=list,
                              description="Zone types checked (default: every zone).")
-    fallback: str | None = Field(None, description="Profile applied when max_c is exceeded.")
+    fallback: str | None = Field(None, min_length=1,
+                                 description="Profile applied when max_c is exceeded.")
+    hysteresis: float = Field(5.0, ge=0, le=50,
+                              description="Return from the fallback once every checked zone is "
+                              "this many degrees C below max_c.")
+
+    @model_validator(mode="after")
+    def _fallback_needs_limit(self) -> ThermalLimits:
+        if self.fallback is not None and self.max_c is None:
+            raise ValueError("'fallback' needs 'max_c' (the temperature that triggers it)")
+        return self
 
 
 class ProfileSpec(_Strict):

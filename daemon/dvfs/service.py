@@ -1,10 +1,14 @@
 """Attach point of the DVFS capability: Board + ProfileManager, commands, start/stop service.
 
-Start: undo a journal left by a crash, then apply ``[dvfs] profile``. Stop: restore.
+Start: undo a journal left by a crash, apply ``[dvfs] profile``, then watch the telemetry
+sampler's temperatures with the thermal guard (edgepilot.dvfs.thermal). Stop: stop the guard,
+then restore.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +19,7 @@ from edgepilot.commands import NoParams
 from edgepilot.config import Config
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
+from edgepilot.dvfs.thermal import ThermalGuard
 from edgepilot.errors import EdgepilotError
 
 if TYPE_CHECKING:
@@ -35,7 +40,8 @@ def make_manager(config: Config, daemon: Any | None = None) -> ProfileManager:
         else Board(config.daemon.sysfs_root)
     events = daemon.events if daemon is not None else None
     return ProfileManager(board, ProfileStore(list(config.dvfs.profile_dirs)), config.state_dir,
-                          events, config.dvfs.command_timeout_s)
+                          events, config.dvfs.command_timeout_s,
+                          nvpmodel=config.dvfs.nvpmodel, jetson_clocks=config.dvfs.jetson_clocks)
 
 
 class DvfsService:
@@ -43,15 +49,22 @@ class DvfsService:
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        manager: ProfileManager = daemon.profiles
+        self.guard = ThermalGuard(manager, daemon.events,
+                                  lambda: self.daemon.config.dvfs.thermal_dwell_s)
+        manager.thermal_state = self.guard.status
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         manager: ProfileManager = self.daemon.profiles
         await self.daemon.run_blocking(manager.recover)
         name = self.daemon.config.dvfs.profile
+        self._task = asyncio.create_task(self._watch(), name="dvfs-thermal-guard")
         if name:
             self.daemon.set_ready("dvfs", f"applying profile {name}")
             try:
-                await self.daemon.run_blocking(manager.apply, name)
+                await self.daemon.run_blocking(manager.apply, name, "config")
             except EdgepilotError as exc:
                 # the board was rolled back; serve anyway and say why in /readyz
                 log.error("[dvfs] profile %s not applied: %s", name, exc.message)
@@ -60,15 +73,47 @@ class DvfsService:
         self.daemon.set_ready("dvfs", None)
 
     async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            # let a check in flight finish its transaction; then no more moves
+            await self._task
+            self._task = None
+        await self.daemon.run_blocking(self.guard.close)
         manager: ProfileManager = self.daemon.profiles
         await self.daemon.run_blocking(manager.restore, "stop")
+
+    async def _watch(self) -> None:
+        """Hand each new telemetry sample's temperatures to the guard (one sampler: theirs)."""
+        last_ts: object = None
+        while not self._stopping.is_set():
+            interval = self.daemon.config.telemetry.sample_interval_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+            sampler = self.daemon.telemetry
+            if self._stopping.is_set():
+                return
+            if sampler is None:
+                self.guard.watching = "telemetry is not running: thermal limits are not enforced"
+                continue
+            self.guard.watching = None
+            sample = sampler.latest()
+            ts, temps = sample.get("ts"), sample.get("temps_c")
+            if ts is None or ts == last_ts or not temps:
+                continue
+            last_ts = ts
+            try:
+                await self.daemon.run_blocking(self.guard.check, temps)
+            except RuntimeError:  # the executor is shutting down with the daemon
+                return
+            except Exception:  # the guard must outlive one bad sample or move
+                log.exception("thermal guard check failed; continuing")
 
     async def reload(self, old: Config, new: Config) -> None:
         if old.dvfs.profile == new.dvfs.profile:
             return
         manager: ProfileManager = self.daemon.profiles
         if new.dvfs.profile:
-            await self.daemon.run_blocking(manager.apply, new.dvfs.profile)
+            await self.daemon.run_blocking(manager.apply, new.dvfs.profile, "config")
         else:
             await self.daemon.run_blocking(manager.restore, "config")
 
