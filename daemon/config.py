@@ -224,6 +224,23 @@ class DispatchSection(Section):
     memory_budgets_mb: dict[str, int] = Field(
         default_factory=dict, description="Memory budget per device (cpu, gpu, npu ...) in MB; "
         "cpu defaults to [backends] memory_budget_mb when that is set.")
+    gguf_threads: list[int] | None = Field(
+        None, min_length=1, max_length=16,
+        description="Thread counts to measure for GGUF plans, each 1..256 (default: 1, half "
+        "and all cores).")
+    gguf_prompt_tokens: int = Field(32, ge=1, le=4096,
+                                    description="Prompt length of the GGUF reference request.")
+    gguf_decode_tokens: int = Field(16, ge=1, le=4096,
+                                    description="Decoded tokens of the GGUF reference request.")
+
+    @field_validator("gguf_threads")
+    @classmethod
+    def _thread_counts(cls, value: list[int] | None) -> list[int] | None:
+        bad = [v for v in value or [] if not 1 <= v <= 256]
+        if bad:
+            raise ValueError(f"thread counts {bad} out of range; allowed 1..256")
+        return value
+
 
 
 class Config(Section):

@@ -41,6 +41,11 @@ def progress_bar(done: int, total: int, label: str) -> None:
 def make_dispatcher(config: Config) -> Any:
     from edgepilot.dispatch.dispatcher import Dispatcher
 
+    if config.daemon.demo_models and not config.models:
+        from edgepilot.models.demo import ensure_demo_models
+
+        # like the daemon: an empty model dir gets the demo models (demo-chat, demo-mlp)
+        ensure_demo_models(config.model_dir)
     board = None
     try:
         from edgepilot.board import Board
@@ -51,7 +56,29 @@ def make_dispatcher(config: Config) -> Any:
     return Dispatcher(config, board=board, progress=progress_bar)
 
 
+def render_gguf(plan: dict[str, Any]) -> str:
+    lines = [f"model {plan['model']}  plan {plan['hash']}  (GGUF on llama.cpp)",
+             f"n_threads {plan['n_threads']}  n_gpu_layers {plan['n_gpu_layers']}  "
+             f"prefill {plan['prefill_tokens_per_s']} tok/s  decode "
+             f"{plan['decode_tokens_per_s']} tok/s",
+             f"note: {plan['note']}",
+             f"{'candidate':<34} {'request ms':>10} {'decode ms/tok':>13}  verdict"]
+    for c in plan["candidates"]:
+        label = f"threads {c['n_threads']}, n_gpu_layers {c['n_gpu_layers']}"
+        verdict = "ok" if c["eligible"] else c["reason"]
+        lines.append(f"{label:<34} {_ms(c['request_ms']):>10} "
+                     f"{_ms(c['decode_ms_per_token']):>13}  {verdict}")
+    lines.append("blocks: " + ", ".join(
+        f"{s['target']}[{s['layers'][0]}:{s['layers'][1]}]" for s in plan["segments"]))
+    lines.append(f"total: predicted {_ms(plan['predicted_ms'])} ms, measured "
+                 f"{_ms(plan['measured_ms'])} ms per decoded token"
+                 + ("  (measurements from cache)" if plan.get("from_cache") else ""))
+    return "\n".join(lines)
+
+
 def render_plan(plan: dict[str, Any]) -> str:
+    if plan.get("kind") == "gguf":
+        return render_gguf(plan)
     lines = [f"model {plan['model']}  plan {plan['hash']}  tolerance {plan.get('tolerance')}",
              f"{'layer':<34} {'target':<24} {'pred ms':>8} {'meas ms':>8}  runner-up"]
     for lay in plan["layers"]:
@@ -86,12 +113,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from edgepilot.cli import config_from
     from edgepilot.dispatch.bench import bench
-    from edgepilot.errors import ConfigError
+    from edgepilot.dispatch.model_dispatch import ModelDispatch
+    from edgepilot.errors import ConfigError, ModelError
 
     if not 1 <= args.runs <= 10_000:
         raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
     dispatcher = make_dispatcher(config_from(args))
-    result = bench(dispatcher.get(args.model), runs=args.runs)
+    md = dispatcher.get(args.model)
+    if not isinstance(md, ModelDispatch):
+        raise ModelError(f"bench compares per-layer plans of ONNX/TFLite models; for the GGUF "
+                         f"model {args.model!r} run `edgepilot plan {args.model}`, which times "
+                         "every llama.cpp candidate", field="model")
+    result = bench(md, runs=args.runs)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

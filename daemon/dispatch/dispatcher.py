@@ -12,13 +12,16 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 
 from edgepilot import __version__
-from edgepilot.backends.base import Backend
+from edgepilot.backends import load_backend
+from edgepilot.backends.base import Backend, BackendUnavailable
+from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config
+from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufOptions, GgufPlan
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.plan_cache import PlanCache
 from edgepilot.dispatch.profiler import Progress
@@ -34,7 +37,8 @@ from edgepilot.errors import ModelError, NotFoundError, PlanError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RunBlocking = Callable[..., Awaitable[Any]]
-PLANNED_KINDS = {".onnx": "onnx", ".tflite": "tflite"}
+PLANNED_KINDS = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}
+AnyDispatch: TypeAlias = "ModelDispatch | GgufDispatch"
 
 
 async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -57,7 +61,7 @@ class Dispatcher:
         self.progress = progress
         self.cache = PlanCache(config.state_dir / "plans")
         self._backends = backends
-        self._models: dict[str, ModelDispatch] = {}
+        self._models: dict[str, AnyDispatch] = {}
         self._lock = threading.Lock()
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -106,16 +110,62 @@ class Dispatcher:
             budgets.setdefault("cpu", mb * 1024 * 1024)
         return budgets
 
-    def get(self, name: str) -> ModelDispatch:
+    def llamacpp(self) -> LlamaCppBackend:
+        """The llama.cpp backend with its config section; PlanError when it is unavailable."""
+        enabled = self.config.backends.enabled
+        try:
+            if enabled is not None and "llamacpp" not in enabled:
+                raise BackendUnavailable("backend 'llamacpp' is not in [backends] enabled")
+            backend = load_backend("llamacpp", self.config.backends.llamacpp)
+        except BackendUnavailable as exc:
+            raise PlanError(f"cannot plan a GGUF model: {exc.message}", field="backends") from None
+        assert isinstance(backend, LlamaCppBackend)
+        return backend
+
+    def _entry_n_ctx(self, name: str) -> int:
+        entry = next((e for e in self.config.models if e.name == name), None)
+        return (entry.n_ctx if entry is not None and entry.n_ctx
+                else self.config.backends.llamacpp.n_ctx)
+
+    def _gguf(self, key: str, path: Path) -> GgufDispatch:
+        d = self.config.dispatch
+        opts = GgufOptions(n_ctx=self._entry_n_ctx(key), threads=d.gguf_threads,
+                           prompt_tokens=d.gguf_prompt_tokens, decode_tokens=d.gguf_decode_tokens)
+        backend = self.llamacpp()
+        parts = {"board": board_id(self.board),
+                 "profile": getattr(self.profiles, "active_name", None),
+                 "runtimes": {"llamacpp": str(backend.version() or "?")},
+                 "edgepilot": __version__}
+        return GgufDispatch(key, path, backend, opts, cache=self.cache, key_parts=parts,
+                            budgets=self.budgets(), progress=self.progress, emit=self.emit)
+
+    def gguf_choice(self, name: str) -> GgufPlan | None:
+        """The GGUF plan of ``name`` if one is planned or cached (never measures).
+
+        The model registry loads GGUF models with this plan's n_threads / n_gpu_layers.
+        """
+        try:
+            md = self.get(name)
+        except (NotFoundError, ModelError, PlanError):
+            return None
+        if not isinstance(md, GgufDispatch):
+            return None
+        return md.load_cached()
+
+    def get(self, name: str) -> AnyDispatch:
         """The model's dispatch state (not yet planned); NotFoundError for unknown models."""
         with self._lock:
             if name in self._models:
                 return self._models[name]
         key, path, tol = self.resolve(name)
-        if path.suffix.lower() not in PLANNED_KINDS:
-            raise ModelError(f"{path.name}: per-layer plans cover ONNX and TFLite; allowed: "
-                             ".onnx, .tflite (GGUF models run on llama.cpp by n_gpu_layers)",
-                             field="model")
+        suffix = path.suffix.lower()
+        if suffix not in PLANNED_KINDS:
+            raise ModelError(f"{path.name}: plans cover ONNX, TFLite and GGUF; allowed: "
+                             f"{', '.join(PLANNED_KINDS)}", field="model")
+        if suffix == ".gguf":
+            gd = self._gguf(key, path)
+            with self._lock:
+                return self._models.setdefault(name, gd)
         d = self.config.dispatch
         opts = DispatchOptions(tolerance=tol if tol is not None else d.tolerance,
                                metric=d.metric, runs=d.profile_runs, warmup=d.warmup_runs,
@@ -131,7 +181,7 @@ class Dispatcher:
         with self._lock:
             return self._models.setdefault(name, md)
 
-    def prepared(self) -> list[ModelDispatch]:
+    def prepared(self) -> list[AnyDispatch]:
         with self._lock:
             return [m for m in self._models.values() if m.plan is not None]
 
@@ -175,7 +225,10 @@ class Dispatcher:
         freqs = board_freqs(self.board)
         for md in self.prepared():
             try:
-                md.key_parts = self.key_parts()
+                if isinstance(md, GgufDispatch):
+                    md.key_parts["profile"] = getattr(self.profiles, "active_name", None)
+                else:
+                    md.key_parts = self.key_parts()
                 md.set_clocks(freqs, reason)
             except Exception:
                 log.exception("replan of %s after %s failed; keeping its plan", md.name, reason)

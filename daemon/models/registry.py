@@ -204,11 +204,34 @@ class ModelRegistry:
                 f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
                 f"{info.kv_bytes(n_ctx, kv) / MiB:.1f} MiB = 2 x {info.n_layers} layers x "
                 f"{n_ctx} ctx x {info.n_kv_heads} kv_heads x {info.head_dim} head_dim x {kv}"))
-            return llama.open(model.path, n_ctx=n_ctx, info=info), need
+            plan = self._gguf_plan(model.name)
+            if plan is None:
+                return llama.open(model.path, n_ctx=n_ctx, info=info), need
+            # the dispatcher measured this board: load with the plan's offload and threads
+            from edgepilot.dispatch.gguf_dispatch import set_threads
+
+            exe = llama.open(model.path, n_ctx=n_ctx, n_gpu_layers=plan.n_gpu_layers, info=info)
+            set_threads(exe, plan.n_threads)
+            log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
+                     plan.n_threads, plan.n_gpu_layers)
+            return exe, need
         need = 2 * model.path.stat().st_size  # weights + arena, a rough but safe estimate
         self._check_budget(model.name, need, f"2 x file size {model.path.stat().st_size} B")
         exe = self.compile_whole(model)
         return exe, max(need, exe.memory_bytes)
+
+    def _gguf_plan(self, name: str) -> Any:
+        """The dispatcher's GGUF plan for ``name`` when one is planned or cached, else None."""
+        dispatcher = getattr(self.daemon, "dispatcher", None)
+        choice = getattr(dispatcher, "gguf_choice", None)
+        if not callable(choice) or not self.config.dispatch.enabled:
+            return None
+        try:
+            return choice(name)
+        except Exception as exc:  # a broken cache must not stop the model from loading
+            log.warning("no GGUF plan for %s (%s); loading with the configured settings",
+                        name, exc)
+            return None
 
     def default_target(self, model: files.ResolvedModel) -> tuple[Backend, Target, Segment]:
         """First installed target that runs the whole model (see DEFAULT_TARGETS)."""
