@@ -242,7 +242,6 @@ class DispatchSection(Section):
         return value
 
 
-
 class Config(Section):
     """The whole configuration file."""
 
