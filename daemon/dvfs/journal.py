@@ -26,7 +26,8 @@ LOCK_NAME = "dvfs.lock"
 class Journal:
     """``original``: board path -> exact text before edgepilot's first write (kept across
     profile switches). ``applied``: the texts after the last complete apply (None while a
-    transaction is in flight). Tool state: nvpmodel mode before, jetson_clocks store file."""
+    transaction is in flight). Tool state: nvpmodel mode before, jetson_clocks store file and
+    whether the active profile holds the jetson_clocks lock."""
 
     sysfs_root: str
     profile: str | None = None
@@ -36,6 +37,7 @@ class Journal:
     applied: dict[str, str] | None = None
     nvpmodel_before: int | None = None
     jetson_clocks_store: str | None = None
+    jetson_clocks_locked: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

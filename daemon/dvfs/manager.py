@@ -169,10 +169,19 @@ class ProfileManager:
                 journal.original = previous.original
                 journal.nvpmodel_before = previous.nvpmodel_before
                 journal.jetson_clocks_store = previous.jetson_clocks_store
+                journal.jetson_clocks_locked = previous.jetson_clocks_locked
             for path, text in before.items():
                 journal.original.setdefault(path, text)
-            ran_nvpmodel = ran_store = False
+            ran_nvpmodel = ran_store = ran_unlock = False
             try:
+                if journal.jetson_clocks_locked and not plan.jetson_clocks \
+                        and journal.jetson_clocks_store:
+                    # the last profile locked the clocks at max and this one does not: free
+                    # them first, or its limits (a thermal fallback's!) would sit under a
+                    # min = max lock
+                    ran_unlock = True
+                    self.jetson_clocks.restore(Path(journal.jetson_clocks_store))
+                    journal.jetson_clocks_locked = False
                 if plan.nvpmodel is not None:
                     mode, _ = self.nvpmodel.query()
                     if journal.nvpmodel_before is None:
@@ -188,6 +197,7 @@ class ProfileManager:
                         ran_store = True
                         self.jetson_clocks.store(Path(journal.jetson_clocks_store))
                     self.jetson_clocks.lock()
+                    journal.jetson_clocks_locked = True
                 # tools may have moved limits or offlined CPUs: plan again on what is there now
                 plan = self._plan(prof)
                 for path, text in self._snapshot().items():
@@ -195,7 +205,7 @@ class ProfileManager:
                 jr.save(self.state_dir, journal)
                 written = self._write_plan(plan)
             except EdgepilotError as exc:
-                self._rollback(before, journal, previous, ran_nvpmodel, ran_store)
+                self._rollback(before, journal, previous, ran_nvpmodel, ran_store, ran_unlock)
                 self.events.emit("profile.failed", profile=name, message=exc.message,
                                  field=exc.field)
                 raise ProfileError(f"applying profile {name!r} failed and every change was "
@@ -258,12 +268,14 @@ class ProfileManager:
         return snap
 
     def _rollback(self, before: dict[str, str], journal: jr.Journal, previous: jr.Journal | None,
-                  ran_nvpmodel: bool, ran_store: bool) -> None:
+                  ran_nvpmodel: bool, ran_store: bool, ran_unlock: bool = False) -> None:
         errors: Errors = []
         if journal.jetson_clocks_store and ran_store:
             self._try(errors, self.jetson_clocks.restore, Path(journal.jetson_clocks_store))
         if ran_nvpmodel and journal.nvpmodel_before is not None:
             self._try(errors, self.nvpmodel.set_mode, journal.nvpmodel_before)
+        if ran_unlock:
+            self._try(errors, self.jetson_clocks.lock)
         errors += self._put_back(before, only=None)
         if errors:
             log.error("rollback incomplete: %s", "; ".join(errors))
