@@ -54,6 +54,11 @@ def test_profile_endpoints(fake_board, tmp_path: Path) -> None:  # type: ignore[
     out = asyncio.run(scenario())
     daemon.executor.shutdown()
     assert out["get0"]["active"] is None and out["get0"]["family"] == "dimensity-9300"
+    # a fake root with no [dvfs] nvpmodel: the tool is reported skipped, never looked up
+    assert out["get0"]["tools"]["nvpmodel"]["path"] is None
+    assert out["get0"]["tools"]["nvpmodel"]["skipped"].startswith("sysfs_root is ")
+    # no telemetry in this daemon: the guard says it is not watching
+    assert out["get0"]["thermal"]["watching"] is False
     assert out["noauth"].status_code == 401
     assert out["put"].status_code == 200 and out["put"].json()["profile"] == "powersave"
     assert out["bad"].status_code == 404

@@ -134,3 +134,23 @@ def test_cli_reports_skipped_tools(fake_board, tmp_path: Path) -> None:  # type:
     run("restore")
     assert not (traps / "RAN").exists()
 
+
+def test_reload_relocates_the_tools(fake_board, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from edgepilot.config import parse_config
+    from edgepilot.dvfs.service import attach
+    from edgepilot.lifecycle import Daemon
+
+    fake = fake_board("orin")
+    raw = {"daemon": {"sysfs_root": str(fake.root), "state_dir": str(tmp_path / "state")}}
+    old = parse_config(raw)
+    new = parse_config({**raw, "dvfs": {"nvpmodel": str(BIN_DIR / "nvpmodel")}})
+    daemon = Daemon(old)
+    service = attach(daemon)[0]
+    assert daemon.profiles.tools["nvpmodel"].skip is not None
+    asyncio.run(service.reload(old, new))  # type: ignore[attr-defined]
+    daemon.executor.shutdown()
+    assert daemon.profiles.tools["nvpmodel"].path == BIN_DIR / "nvpmodel"
+    assert daemon.profiles.summary()["tools"]["jetson_clocks"]["skipped"] is not None
+

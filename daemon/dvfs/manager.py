@@ -49,21 +49,35 @@ class ProfileManager:
         self.store = store
         self.state_dir = Path(state_dir)
         self.events = events or EventBus()
-        self.tools: dict[str, ToolLocation] = {
-            "nvpmodel": locate_tool("nvpmodel", nvpmodel, board.root),
-            "jetson_clocks": locate_tool("jetson_clocks", jetson_clocks, board.root)}
-        self.nvpmodel = NvpModel(self.tools["nvpmodel"], command_timeout_s)
-        self.jetson_clocks = JetsonClocks(self.tools["jetson_clocks"], command_timeout_s)
+        self.command_timeout_s = command_timeout_s
         # held for a whole transaction; the thermal guard holds it across check-and-apply
         self.lock = threading.RLock()
         self._lock = self.lock
+        self.tools: dict[str, ToolLocation] = {}
+        self.set_tools(nvpmodel, jetson_clocks)
         # set by the daemon's DVFS service: () -> the thermal guard's state, for status()
         self.thermal_state: Callable[[], dict[str, Any]] | None = None
         current = jr.load(self.state_dir)
         # a journal from another process on the same root means a profile is in force
         self.active_name: str | None = current.profile if current and current.applied else None
 
+    def set_tools(self, nvpmodel: Path | None, jetson_clocks: Path | None) -> None:
+        """(Re)locate the vendor tools from the ``[dvfs]`` keys (at start and on reload)."""
+        with self.lock:
+            self.tools = {
+                "nvpmodel": locate_tool("nvpmodel", nvpmodel, self.board.root),
+                "jetson_clocks": locate_tool("jetson_clocks", jetson_clocks, self.board.root)}
+            self.nvpmodel = NvpModel(self.tools["nvpmodel"], self.command_timeout_s)
+            self.jetson_clocks = JetsonClocks(self.tools["jetson_clocks"],
+                                              self.command_timeout_s)
+
     # ---- queries -------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Cheap (no board reads): active profile, vendor tools, thermal guard; for the
+        daemon's ``status``."""
+        return {"active": self.active_name, "tools": self.tools_report(),
+                "thermal": self.thermal_state() if self.thermal_state is not None else None}
+
     def profiles(self) -> dict[str, Profile]:
         return self.store.for_board(self.board.identity)
 

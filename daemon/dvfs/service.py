@@ -109,9 +109,13 @@ class DvfsService:
                 log.exception("thermal guard check failed; continuing")
 
     async def reload(self, old: Config, new: Config) -> None:
+        manager: ProfileManager = self.daemon.profiles
+        if (old.dvfs.nvpmodel, old.dvfs.jetson_clocks) != (new.dvfs.nvpmodel,
+                                                           new.dvfs.jetson_clocks):
+            await self.daemon.run_blocking(manager.set_tools, new.dvfs.nvpmodel,
+                                           new.dvfs.jetson_clocks)
         if old.dvfs.profile == new.dvfs.profile:
             return
-        manager: ProfileManager = self.daemon.profiles
         if new.dvfs.profile:
             await self.daemon.run_blocking(manager.apply, new.dvfs.profile, "config")
         else:
