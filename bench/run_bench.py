@@ -19,19 +19,10 @@ from typing import Any
 
 from edgepilot.config import Config
 from edgepilot.dispatch.bench import bench
-from edgepilot.dispatch.costmodel import Sample, leave_one_out
+from edgepilot.dispatch.costmodel import Sample, leave_one_out, leave_one_out_linear, op_class
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.models import onnx_gen
 from edgepilot.models.tflite_gen import write_mlp_tflite
-
-
-def op_class(ops: list[str]) -> str:
-    """Conv and GEMM layers run different kernels: one roofline each fits far better."""
-    if any(o.startswith("Conv") or o.startswith("CONV") for o in ops):
-        return "conv"
-    if any(o in ("MatMul", "Gemm", "FULLY_CONNECTED") for o in ops):
-        return "gemm"
-    return "other"
 
 
 def make_models(d: Path) -> dict[str, str]:
@@ -42,12 +33,15 @@ def make_models(d: Path) -> dict[str, str]:
     onnx_gen.mlp_stack(d / "mlp_mix.onnx", widths=(512, 64, 2048, 2048, 64, 512), batch=4)
     onnx_gen.small_cnn(d / "cnn.onnx")
     write_mlp_tflite(d / "mlp_tflite.tflite", width=512, depth=4, batch=8)
+    onnx_gen.mlp_stack(d / "mlp_wide.onnx", widths=(256, 512, 1024, 256, 2048, 128, 768, 512),
+                       batch=4)
     return {
         "transformer": "4 pre-norm blocks, d=256, seq=64, FFN 128/2048 alternating",
         "cnn_head": "2 conv stages (16, 32 ch, 32x32) + dense head 2048x2048, batch 4",
         "mlp_mix": "MLP 512-64-2048-2048-64-512, batch 4 (small and large MatMuls)",
         "cnn": "3 conv stages (16/32/64 ch, 64x64) + Gemm",
         "mlp_tflite": "TFLite FC stack 512 wide x4 + residual, batch 8",
+        "mlp_wide": "MLP 256-512-1024-256-2048-128-768-512, batch 4 (7 GEMMs of varied size)",
     }
 
 
@@ -95,14 +89,22 @@ def main(argv: list[str] | None = None) -> int:
                 "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
                 if errors else None}
         results["predictor_overall"] = {"layers": total, "within_10pct": total_hits}
+        # the daemon's predictor: additive NNLS fit per (target, op class), terms chosen by
+        # inner leave-one-out; the held-out layer is never part of any fit or choice
         hits_c = total_c = 0
         results["predictor_by_op_class"] = {}
         for key, samples in sorted(by_class.items()):
-            hits, count, _ = leave_one_out(samples)
+            hits, count, errors = leave_one_out_linear(samples)
             hits_c += hits
             total_c += count
-            results["predictor_by_op_class"][key] = {"layers": count, "within_10pct": hits}
+            results["predictor_by_op_class"][key] = {
+                "layers": count, "within_10pct": hits,
+                "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
+                if errors else None}
         results["predictor_by_op_class_overall"] = {"layers": total_c, "within_10pct": hits_c}
+        print(json.dumps({"roofline_per_target": results["predictor_overall"],
+                          "linear_per_target_op_class":
+                          results["predictor_by_op_class_overall"]}), file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgepilot.dispatch.costmodel import Roofline, Sample, fit, leave_one_out
+from edgepilot.dispatch.costmodel import (
+    Roofline,
+    Sample,
+    fit,
+    fit_linear,
+    leave_one_out,
+    leave_one_out_linear,
+    op_class,
+)
 
 
 def synthetic(truth: Roofline, n: int = 24, noise: float = 0.0, seed: int = 0) -> list[Sample]:
@@ -47,3 +55,37 @@ def test_frequency_scales_only_the_compute_roof() -> None:
 def test_fit_needs_samples() -> None:
     with pytest.raises(ValueError):
         fit([])
+
+
+def linear_samples(n: int = 16, noise: float = 0.0, seed: int = 0) -> list[Sample]:
+    """Layers whose time is overhead + FLOPs + activation bytes (no node term)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        flops, act = float(10 ** rng.uniform(6, 8)), float(10 ** rng.uniform(4, 6))
+        ms = (0.01 + flops / 2e8 + act / 5e7) * (1 + noise * rng.standard_normal())
+        out.append(Sample(flops, act, ms, act_bytes=act, nodes=float(rng.integers(1, 9))))
+    return out
+
+
+def test_linear_fit_recovers_activation_term_and_predicts_new_layers() -> None:
+    model = fit_linear(linear_samples())
+    assert "act_bytes" in model.terms
+    for s in linear_samples(seed=1):
+        assert model.predict(s) == pytest.approx(s.ms, rel=0.02)
+    assert all(c >= 0 for c in model.coef)
+
+
+def test_linear_leave_one_out_never_sees_the_held_out_layer() -> None:
+    hits, count, errors = leave_one_out_linear(linear_samples(noise=0.02))
+    assert count == 16 and hits / count >= 0.9
+    # an outlier layer cannot predict itself: its own error stays large
+    odd = [*linear_samples(n=8), Sample(1e7, 1e5, 50.0, act_bytes=1e5, nodes=1.0)]
+    _, _, errs = leave_one_out_linear(odd)
+    assert abs(errs[-1]) > 0.9
+
+
+def test_op_class() -> None:
+    assert op_class(["Conv", "Relu"]) == "conv"
+    assert op_class(["MatMulInteger", "Add"]) == "gemm"
+    assert op_class(["Softmax"]) == "other"

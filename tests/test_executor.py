@@ -8,10 +8,12 @@ from pathlib import Path
 
 import dispatch_fixtures
 import numpy as np
+import pytest
 from dispatch_fixtures import Events, HookedBackend
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.dispatch.executor import SegmentFault
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.tolerance import output_error
 
@@ -87,3 +89,20 @@ def test_slowed_target_loses_its_layers(mlp_path: Path, ort_backend: OnnxRuntime
     calls = hooked.calls
     md.run(feed)
     assert hooked.calls == calls  # requests no longer touch the slow target
+
+
+def test_one_segment_plan_is_handed_straight_to_its_runtime(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, [FP32],
+                       DispatchOptions(runs=3, warmup=1))
+    md.prepare()
+    assert md.compiled is not None and len(md.compiled.segments) == 1
+    feed = md.calibration[0]
+    out, times = md.compiled.run(feed)
+    assert len(times) == 1 and set(out) == set(md.part.outputs)  # type: ignore[union-attr]
+    assert output_error(out, md.ref_outputs[0], "rel_l2") < 1e-6
+    # a fault on the pass-through path still names the target to exclude
+    md.compiled.segments[0].exe.close()
+    with pytest.raises(SegmentFault) as err:
+        md.compiled.run(feed)
+    assert err.value.target == str(FP32)

@@ -1,8 +1,10 @@
 """Side-by-side timing of a plan, every single-target plan and the raw runtime on the file.
 
-All variants are compiled first, then timed in turns (a warm-up run and a block of timed runs
-of each variant, repeated) so that a load spike on the shared board hits every variant alike;
-medians are reported with the output error of each variant against the fp32 reference.
+All variants are compiled first, warmed up, then timed interleaved: each round runs every
+variant once (the order rotated per round), so a load spike on the shared board hits every
+variant of that round alike. Medians are reported with the output error of each variant
+against the fp32 reference, plus the median over rounds of each variant's time divided by the
+plan's time in the same round (``paired_ratio``), which cancels most of the shared-board noise.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError
 
-BLOCK = 5
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
@@ -78,20 +79,21 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
     errors = {name: max(output_error(fn(f), ref, md.opts.metric)
                         for f, ref in zip(md.calibration, md.ref_outputs, strict=True))
               for name, fn in runners.items()}
-    for fn in runners.values():
-        for _ in range(warmup):
+    for _ in range(warmup):
+        for fn in runners.values():
             fn(feed)
     times: dict[str, list[float]] = {name: [] for name in runners}
-    # blocks of BLOCK timed runs after one untimed one, variants in turn: each timed run is
-    # warm (cache holds that variant's weights), and load drift hits every variant alike
-    rounds = max(1, -(-runs // BLOCK))
-    for _ in range(rounds):
-        for name, fn in runners.items():
+    # interleaved: every round times each variant once (A B C A B C ...), the order rotated
+    # each round, so a load spike on the shared board lands on all variants of that round;
+    # per-round ratios then cancel what the spike did
+    order = list(runners)
+    for r in range(max(1, runs)):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            fn = runners[name]
+            t0 = time.perf_counter()
             fn(feed)
-            for _ in range(BLOCK):
-                t0 = time.perf_counter()
-                fn(feed)
-                times[name].append((time.perf_counter() - t0) * 1e3)
+            times[name].append((time.perf_counter() - t0) * 1e3)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     tol = md.opts.tolerance
     single = {name: {"median_ms": round(med[name], 4), "error": errors[name],
@@ -106,7 +108,17 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
         "single": single,
         "raw": {"median_ms": round(med["raw"], 4)} if "raw" in med else None,
         "speedup_vs_best_single": round(best / med["plan"], 3) if best else None,
+        # median over rounds of (single / plan) timed in the same round
+        "paired_ratio": {name: round(statistics.median(
+            a / b for a, b in zip(times[name], times["plan"], strict=True)), 3)
+            for name in runners if name != "plan"},
+        "speedup_vs_best_single_paired": None,
         "predicted_vs_measured": round(md.plan.predicted_ms / med["plan"], 3),
         "skipped": skipped,
     }
+    if best is not None:
+        best_name = min((n for n, v in single.items() if v["within_tolerance"]),
+                        key=lambda n: single[n]["median_ms"])
+        result["best_single"] = best_name
+        result["speedup_vs_best_single_paired"] = result["paired_ratio"][best_name]
     return result

@@ -9,6 +9,7 @@ ratio predicted/measured, so a 10% miss on a 20 µs layer weighs as much as one 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -23,11 +24,13 @@ PRECISION_BYTES = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int4": 
 
 @dataclass(frozen=True)
 class Sample:
-    """One measured layer on one target."""
+    """One measured layer on one target (the extra features feed :class:`LinearCost`)."""
 
     flops: float
     bytes: float
     ms: float
+    act_bytes: float = 0.0      # boundary tensors in + out
+    nodes: float = 1.0          # graph nodes in the layer (per-kernel launch cost)
 
 
 def layer_bytes(weight_bytes: int, in_bytes: int, out_bytes: int, precision: str) -> float:
@@ -139,3 +142,111 @@ def leave_one_out(samples: Sequence[Sample], rel: float = 0.10) -> tuple[int, in
 def geometric_mean(values: Sequence[float]) -> float:
     vals = [v for v in values if v > 0]
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else 0.0
+
+
+# ---- additive model, fitted per (target, op class) ----------------------------------------------
+# terms a LinearCost may use: per-call overhead, FLOPs, activation bytes, graph nodes
+TERMS = ("overhead", "flops", "act_bytes", "nodes")
+# the term sets the fit chooses among (by inner leave-one-out on the training samples only)
+FORMS: tuple[tuple[str, ...], ...] = (("overhead", "flops"), ("overhead", "flops", "act_bytes"),
+                                      ("overhead", "flops", "nodes"), TERMS)
+
+
+def op_class(ops: Sequence[str]) -> str:
+    """Conv and GEMM layers run different kernels: each class gets its own fit."""
+    if any(o.startswith(("Conv", "CONV", "DEPTHWISE_CONV")) for o in ops):
+        return "conv"
+    if any(o in ("MatMul", "Gemm", "FULLY_CONNECTED", "MatMulInteger", "MatMulNBits")
+           for o in ops):
+        return "gemm"
+    return "other"
+
+
+def _features(s: Sample, terms: Sequence[str], scale: float = 1.0) -> list[float]:
+    values = {"overhead": 1.0, "flops": s.flops / scale, "act_bytes": s.act_bytes,
+              "nodes": s.nodes}
+    return [values[t] for t in terms]
+
+
+def nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on *relative* residuals ((pred - y) / y).
+
+    Exact for the few columns used here: every subset of columns is solved by least squares
+    and the best one with all coefficients >= 0 wins (what an active-set NNLS converges to).
+    """
+    a = x / y[:, None]
+    b = np.ones_like(y)
+    col_scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
+    a = a / col_scale
+    k = a.shape[1]
+    best: tuple[float, np.ndarray] | None = None
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if (sol < 0).any():
+                continue
+            res = float(np.sum((a[:, cols] @ sol - b) ** 2))
+            if best is None or res < best[0]:
+                coef = np.zeros(k)
+                coef[list(cols)] = sol
+                best = (res, coef)
+    assert best is not None  # a single column always has a non-negative solution here
+    return best[1] / col_scale
+
+
+@dataclass
+class LinearCost:
+    """``t = overhead + flops * ms_per_flop (clock-scaled) + act_bytes * ms_per_byte + nodes *
+    ms_per_node``, non-negative coefficients; ``terms`` says which ones the fit kept."""
+
+    terms: tuple[str, ...]
+    coef: tuple[float, ...]
+    fit_freq_khz: float = 0.0
+
+    def predict(self, s: Sample, freq_khz: float = 0.0) -> float:
+        scale = freq_khz / self.fit_freq_khz if freq_khz > 0 and self.fit_freq_khz > 0 else 1.0
+        return float(np.dot(_features(s, self.terms, scale), self.coef))
+
+
+def _fit_terms(samples: Sequence[Sample], terms: tuple[str, ...], freq_khz: float) -> LinearCost:
+    x = np.array([_features(s, terms) for s in samples], dtype=float)
+    y = np.array([max(s.ms, 1e-6) for s in samples])
+    return LinearCost(terms, tuple(float(c) for c in nnls_relative(x, y)), freq_khz)
+
+
+def _inner_loo_error(samples: Sequence[Sample], terms: tuple[str, ...]) -> float:
+    errs = []
+    for i, held in enumerate(samples):
+        model = _fit_terms([s for j, s in enumerate(samples) if j != i], terms, 0.0)
+        errs.append(abs(math.log(max(model.predict(held), 1e-9) / max(held.ms, 1e-9))))
+    return float(np.median(errs))
+
+
+def fit_linear(samples: Sequence[Sample], freq_khz: float = 0.0) -> LinearCost:
+    """Fit a :class:`LinearCost`, choosing its terms by leave-one-out *within* ``samples``.
+
+    More terms fit the training layers better but predict new ones worse when there are few
+    of them, so each candidate term set is scored by its own inner leave-one-out error.
+    """
+    if not samples:
+        raise ValueError("cannot fit a cost model without measurements")
+    forms = [f for f in FORMS if len(f) < len(samples)] or [FORMS[0]]
+    if len(samples) < 4 or len(forms) == 1:
+        return _fit_terms(samples, forms[0], freq_khz)
+    best = min(forms, key=lambda f: _inner_loo_error(samples, f))
+    return _fit_terms(samples, best, freq_khz)
+
+
+def leave_one_out_linear(samples: Sequence[Sample], rel: float = 0.10
+                         ) -> tuple[int, int, list[float]]:
+    """:func:`leave_one_out` for :func:`fit_linear`: the held-out layer is never seen, not
+    even by the choice of terms."""
+    hits, errors = 0, []
+    if len(samples) < 3:
+        return 0, 0, []
+    for i, held in enumerate(samples):
+        model = fit_linear([s for j, s in enumerate(samples) if j != i])
+        pred = model.predict(held)
+        errors.append((pred - held.ms) / held.ms)
+        hits += within(pred, held.ms, rel)
+    return hits, len(samples), errors

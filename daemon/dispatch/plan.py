@@ -16,8 +16,8 @@ from typing import Any
 
 from edgepilot.backends.base import Target
 from edgepilot.dispatch import costmodel
-from edgepilot.dispatch.costmodel import Roofline, Sample
-from edgepilot.dispatch.partition import Partition
+from edgepilot.dispatch.costmodel import LinearCost, Roofline, Sample
+from edgepilot.dispatch.partition import Layer, Partition
 from edgepilot.dispatch.planner import CostTable, merge, runner_up, solve
 from edgepilot.dispatch.profiler import ProfileTable
 
@@ -49,6 +49,7 @@ class CostBuilder:
     freqs: dict[str, float] = field(default_factory=dict)     # device -> kHz now
     budgets: dict[str, float] = field(default_factory=dict)
     rooflines: dict[str, Roofline] = field(default_factory=dict)
+    linear: dict[tuple[str, str], LinearCost] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fit()
@@ -59,26 +60,49 @@ class CostBuilder:
         for layer, row in zip(self.part.layers, self.profile.cells, strict=True):
             cell = row.get(target)
             if cell is not None and cell.ms is not None:
-                out.append(Sample(layer.flops, costmodel.layer_bytes(
-                    layer.weight_bytes, layer.in_bytes, layer.out_bytes, prec), cell.ms))
+                out.append(self.sample(layer, prec, cell.ms))
+        return out
+
+    @staticmethod
+    def sample(layer: Layer, precision: str, ms: float = 0.0) -> Sample:
+        return Sample(layer.flops, costmodel.layer_bytes(
+            layer.weight_bytes, layer.in_bytes, layer.out_bytes, precision), ms,
+            act_bytes=layer.in_bytes + layer.out_bytes, nodes=layer.end - layer.start)
+
+    def class_samples(self, target: str) -> dict[str, list[Sample]]:
+        """Measured samples of ``target`` grouped by op class (conv, gemm, other)."""
+        prec = Target.parse(target).precision
+        out: dict[str, list[Sample]] = {}
+        for layer, row in zip(self.part.layers, self.profile.cells, strict=True):
+            cell = row.get(target)
+            if cell is not None and cell.ms is not None:
+                out.setdefault(costmodel.op_class(layer.op_types), []).append(
+                    self.sample(layer, prec, cell.ms))
         return out
 
     def fit(self) -> None:
         for target in self.profile.targets:
+            freq = self.profile.freqs.get(device_of(target), 0.0)
             samples = self.samples(target)
             if samples:
-                self.rooflines[target] = costmodel.fit(
-                    samples, self.profile.freqs.get(device_of(target), 0.0))
+                self.rooflines[target] = costmodel.fit(samples, freq)
+            for cls, group in self.class_samples(target).items():
+                if len(group) >= 3:  # fewer: the target-wide roofline predicts this class
+                    self.linear[(target, cls)] = costmodel.fit_linear(group, freq)
 
     def predicted_layer(self, i: int, target: str) -> float | None:
-        """Roofline prediction for layer ``i`` on ``target`` at the current frequency."""
+        """Model prediction for layer ``i`` on ``target`` at the current frequency: the
+        (target, op class) additive fit when there is one, else the target's roofline."""
+        layer = self.part.layers[i]
+        prec = Target.parse(target).precision
+        now = self.freqs.get(device_of(target), 0.0)
+        linear = self.linear.get((target, costmodel.op_class(layer.op_types)))
+        if linear is not None:
+            return linear.predict(self.sample(layer, prec), now) * self.factors.get(target, 1.0)
         model = self.rooflines.get(target)
         if model is None:
             return None
-        layer = self.part.layers[i]
-        nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes,
-                                       Target.parse(target).precision)
-        now = self.freqs.get(device_of(target), 0.0)
+        nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes, prec)
         return model.predict(layer.flops, nbytes, now) * self.factors.get(target, 1.0)
 
     def freq_scale(self, target: str, i: int) -> float:

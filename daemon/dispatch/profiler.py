@@ -64,15 +64,31 @@ class ProfileTable:
         return cls(**data)
 
 
-def median_ms(fn: Callable[[], object], runs: int, warmup: int) -> float:
-    """Median wall time of ``fn`` in ms after ``warmup`` untimed calls."""
+# short layers get more timed runs: at least this much timed wall time, at most MAX_RUNS runs
+MIN_TIMED_MS = 3.0
+MAX_RUNS = 300
+
+
+def median_ms(fn: Callable[[], object], runs: int, warmup: int,
+              min_total_ms: float = 0.0) -> float:
+    """Median wall time of ``fn`` in ms after ``warmup`` untimed calls.
+
+    ``min_total_ms`` adds runs (up to MAX_RUNS) until that much time was timed: a 20 µs layer
+    timed 7 times is mostly timer and scheduler noise, timed 150 times its median is stable.
+    """
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(max(1, runs)):
+    times: list[float] = []
+    want = max(1, runs)
+    while len(times) < want:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        if len(times) == want and min_total_ms > 0:
+            total_ms = sum(times) * 1e3
+            if total_ms < min_total_ms:
+                per = total_ms / len(times)
+                want = min(MAX_RUNS, max(want, int(min_total_ms / max(per, 1e-6)) + 1))
     return statistics.median(times) * 1e3
 
 
@@ -147,7 +163,7 @@ class Profiler:
                 out = exe.run(env)
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
             feed = envs[0]
-            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup)
+            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS)
             return Cell(ms, err, exe.memory_bytes)
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
