@@ -77,7 +77,7 @@ def test_linear_fit_recovers_activation_term_and_predicts_new_layers() -> None:
 
 
 def test_linear_leave_one_out_never_sees_the_held_out_layer() -> None:
-    hits, count, errors = leave_one_out_linear(linear_samples(noise=0.02))
+    hits, count, _ = leave_one_out_linear(linear_samples(noise=0.02))
     assert count == 16 and hits / count >= 0.9
     # an outlier layer cannot predict itself: its own error stays large
     odd = [*linear_samples(n=8), Sample(1e7, 1e5, 50.0, act_bytes=1e5, nodes=1.0)]
