@@ -84,9 +84,16 @@ def board_report(config: Config) -> dict[str, Any]:
     from edgepilot.board import Board
 
     try:
-        return dict(Board(config.daemon.sysfs_root).report())
+        report = dict(Board(config.daemon.sysfs_root).report())
     except Exception as exc:  # doctor reports, it never dies on a strange board
         return {"error": f"{type(exc).__name__}: {exc}"}
+    if str((report.get("identity") or {}).get("family", "")).startswith("jetson"):
+        from edgepilot.dvfs.tools import locate_tool
+
+        report["vendor_tools"] = {
+            name: locate_tool(name, getattr(config.dvfs, name), config.daemon.sysfs_root).as_dict()
+            for name in ("nvpmodel", "jetson_clocks")}
+    return report
 
 
 def collect(config: Config, backends: list[str] | None = None) -> dict[str, Any]:
@@ -123,6 +130,9 @@ def render(report: dict[str, Any]) -> str:
         lines.append("  power rails: none found (no INA3221/INA2xx hwmon, battery or RAPL)")
     if board.get("temps_c"):
         lines.append(f"  thermal zones (°C): {_short(board['temps_c'])}")
+    for name, tool in (board.get("vendor_tools") or {}).items():
+        where = tool["path"] or f"not used: {tool['skipped'] or tool['error']}"
+        lines.append(f"  {name}: {where}")
     lines.append(f"  profile files: {', '.join(board.get('profile_files') or []) or 'none'}")
     writable = board.get("writable") or {}
     if writable:

@@ -25,6 +25,8 @@ def status_snapshot(daemon: Daemon) -> dict[str, Any]:
         "not_ready": daemon.not_ready_reasons(),
         "board": board.as_dict() if board is not None and hasattr(board, "as_dict") else None,
         "profile": getattr(profiles, "active_name", None),
+        # vendor tools in use or skipped, thermal guard state: cheap, no board reads
+        "dvfs": profiles.summary() if profiles is not None else None,
         "backends": getattr(daemon.models, "backend_names", lambda: [])()
         if daemon.models is not None else [],
         "http": daemon.http_server.url if daemon.http_server is not None else None,
