@@ -165,3 +165,14 @@ def test_model_commands_need_the_token(daemon: DaemonProcess) -> None:
     code, reply = daemon.request("POST", "/v1/commands/model.unload", {"name": "alexa"},
                                  headers=auth)
     assert code == 200 and reply["result"]["was_loaded"] is True
+
+
+def test_telemetry_names_the_plan_that_served(daemon: DaemonProcess) -> None:
+    x = {"x": np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32)}
+    code, body = daemon.request("POST", "/v1/infer/mlp", as_json(x))
+    assert code == 200, body
+    code, reply = daemon.request("POST", "/v1/commands/telemetry.get", {})
+    assert code == 200, reply
+    model = reply["result"]["models"]["mlp"]
+    assert model["plan"] == body["plan"]
+    assert model["requests_total"] >= 1

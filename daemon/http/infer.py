@@ -140,7 +140,7 @@ async def infer(model: str, request: Request) -> Response:
         daemon.work.record(model, time.monotonic() - started, ok=False)
         raise
     latency = time.monotonic() - started
-    daemon.work.record(model, latency)
+    daemon.work.record(model, latency, plan=plan)
     latency_ms = round(latency * 1000, 3)
     if "application/x-npy" in request.headers.get("accept", ""):
         wanted = request.query_params.get("output") or (next(iter(outputs))

@@ -178,6 +178,8 @@ class TelemetrySampler:
                 "tokens_total": s.tokens_total,
                 "inferences_per_s": round(s.inferences_per_s, 4),
                 "tokens_per_s": round(s.tokens_per_s, 4)}
+            if s.plan is not None:
+                m["plan"] = s.plan
             if s.latency_p50_ms is not None:
                 m["latency_p50_ms"] = round(s.latency_p50_ms, 3)
             if s.latency_p95_ms is not None:

@@ -28,6 +28,7 @@ class WorkStats:
     tokens_per_s: float
     latency_p50_ms: float | None
     latency_p95_ms: float | None
+    plan: str | None = None
 
 
 class WorkMeter:
@@ -39,12 +40,16 @@ class WorkMeter:
         self._records: dict[str, deque[tuple[float, float, int]]] = {}
         self._max = max_records
         self._totals: dict[str, list[int]] = {}  # model -> [requests, errors, tokens]
+        self._plans: dict[str, str] = {}  # model -> hash of the plan that served it last
 
     def record(self, model: str, latency_s: float, tokens: int = 0, *, ok: bool = True,
-               now: float | None = None) -> None:
-        """One finished request: its wall latency and, for LLMs, tokens generated."""
+               plan: str | None = None, now: float | None = None) -> None:
+        """One finished request: its wall latency, for LLMs the tokens generated, and the short
+        hash of the plan that ran it (so telemetry names the plan behind the numbers)."""
         t = time.monotonic() if now is None else now
         with self._lock:
+            if plan is not None:
+                self._plans[model] = plan
             totals = self._totals.setdefault(model, [0, 0, 0])
             if not ok:
                 totals[1] += 1
@@ -70,5 +75,6 @@ class WorkMeter:
                     tokens_total=totals[2], requests=len(recent), tokens=tokens,
                     inferences_per_s=len(recent) / window_s, tokens_per_s=tokens / window_s,
                     latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else None,
-                    latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else None)
+                    latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else None,
+                    plan=self._plans.get(model))
         return out
