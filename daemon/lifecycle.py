@@ -160,6 +160,11 @@ class Daemon:
             log.error("start-up failed: %s", exc.message)
             self.notifier.notify(f"STATUS=start-up failed: {exc.message}")
             code = 1
+        except Exception as exc:
+            # an unexpected fault still shuts down in order: restore DVFS, say offline
+            log.exception("start-up failed unexpectedly")
+            self.notifier.notify(f"STATUS=start-up failed: {type(exc).__name__}: {exc}")
+            code = 1
         finally:
             self.stopping = True
             self._up.set(0)
@@ -217,6 +222,9 @@ class Daemon:
             self.notifier.notify("READY=1", "STATUS=reload rejected; serving with old config")
             return False
         old, self.config = self.config, new
+        if (old.http.host, old.http.port) != (new.http.host, new.http.port):
+            log.warning("[http] host/port changed; the listener moves only on restart "
+                        "(systemctl restart edgepilot)")
         for svc in self.services:
             hook = getattr(svc, "reload", None)
             if hook is not None:
