@@ -9,10 +9,11 @@ and :func:`n_gpu_layers_for` turns the GPU segment into llama.cpp's parameter.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,76 @@ def _import() -> Any:
         raise BackendUnavailable(
             f"llama-cpp-python is not installed ({exc}); pip install 'edgepilot[gguf]'") from None
     return llama_cpp
+
+
+_counting_class: Any = None
+
+
+def _counting_llama(llama_cpp: Any) -> Any:
+    """``llama_cpp.Llama`` that records what it samples during one generation.
+
+    llama-cpp-python reports usage only in its non-streamed response, where completion tokens are
+    the tokens it kept: every sampled token except an end-of-generation one (a token that
+    completes a ``stop`` string is kept, and counted). A stream carries no usage, and the sampler
+    alone cannot tell an EOG stop from a stop string (both end with ``finish_reason="stop"``), so
+    the sampled ids themselves are kept here and :func:`usage_of` applies the same rule.
+    """
+    global _counting_class
+    if _counting_class is None:
+        class CountingLlama(llama_cpp.Llama):  # type: ignore[misc, name-defined]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.sampled: list[int] = []
+                self.prompt_len = 0
+
+            def sample(self, *args: Any, **kwargs: Any) -> Any:
+                token = super().sample(*args, **kwargs)
+                if not self.sampled:
+                    # generate() evaluates the whole prompt before its first sample
+                    self.prompt_len = int(self.n_tokens)
+                self.sampled.append(int(token))
+                return token
+
+        _counting_class = CountingLlama
+    return _counting_class
+
+
+def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, int]:
+    """Usage of the last generation of a counting llama, as llama.cpp's own response counts it.
+
+    ``empty_prompt``: llama-cpp-python seeds the completion of an empty prompt with BOS and
+    counts it as a completion token; the same is done here.
+    """
+    llama_cpp = _import()
+    sampled = list(llm.sampled)
+    completion = len(sampled)
+    if sampled and llama_cpp.llama_vocab_is_eog(llm._model.vocab, sampled[-1]):
+        completion -= 1  # the EOG token ends generation and is not part of the completion
+    completion += 1 if empty_prompt else 0
+    prompt = int(llm.prompt_len)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+class TokenStream:
+    """Chunks of one streamed generation; :attr:`usage` is set once they are exhausted.
+
+    Iterating holds the model's lock, so the counts read at the end belong to this stream.
+    """
+
+    def __init__(self, lock: threading.Lock, llm: Any, start: Callable[[], Iterator[Any]],
+                 empty_prompt: bool = False) -> None:
+        self._lock = lock
+        self._llm = llm
+        self._start = start
+        self._empty_prompt = empty_prompt
+        self.usage: dict[str, int] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        with self._lock:
+            self._llm.sampled = []
+            yield from self._start()
+            self.usage = usage_of(self._llm, empty_prompt=self._empty_prompt)
 
 
 def n_gpu_layers_for(segment_layers: tuple[int, int] | None, n_layers: int) -> int:
@@ -109,32 +180,29 @@ class LlamaExecutable(Executable):
             return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
     def chat(self, messages: list[dict[str, Any]], **params: Any) -> Any:
-        """llama-cpp-python's ``create_chat_completion`` (a dict, or an iterator of chunks)."""
+        """llama-cpp-python's ``create_chat_completion``: a dict, or (``stream=True``) a
+        :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count."""
+        if params.get("stream"):
+            return TokenStream(self.lock, self.llm, functools.partial(
+                self.llm.create_chat_completion, messages=messages, **params))
         with self.lock:
-            result = self.llm.create_chat_completion(messages=messages, **params)
-            if params.get("stream"):
-                return _locked_iter(self.lock, result)
-            return result
+            self.llm.sampled = []
+            return self.llm.create_chat_completion(messages=messages, **params)
 
     def complete(self, prompt: str, **params: Any) -> Any:
-        """llama-cpp-python's ``create_completion``."""
+        """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`)."""
+        if params.get("stream"):
+            return TokenStream(self.lock, self.llm, functools.partial(
+                self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)
         with self.lock:
-            result = self.llm.create_completion(prompt=prompt, **params)
-            if params.get("stream"):
-                return _locked_iter(self.lock, result)
-            return result
+            self.llm.sampled = []
+            return self.llm.create_completion(prompt=prompt, **params)
 
     def close(self) -> None:
         with self.lock:
             close = getattr(self.llm, "close", None)
             if close is not None:
                 close()
-
-
-def _locked_iter(lock: threading.Lock, chunks: Iterator[Any]) -> Iterator[Any]:
-    # the generator body runs lazily, so the context is locked again while it is consumed
-    with lock:
-        yield from chunks
 
 
 class LlamaCppBackend(Backend):
@@ -205,7 +273,7 @@ class LlamaCppBackend(Backend):
         n_gpu = s.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
         type_k, type_v = self.kv_type_ids()
         try:
-            llm = llama_cpp.Llama(
+            llm = _counting_llama(llama_cpp)(
                 model_path=str(path), n_ctx=ctx, n_gpu_layers=n_gpu,
                 n_threads=s.n_threads or os.cpu_count() or 1, use_mmap=s.use_mmap,
                 use_mlock=s.use_mlock, flash_attn=s.flash_attn, type_k=type_k, type_v=type_v,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,3 +109,72 @@ def test_quantized_kv_without_flash_attn_is_refused(gguf_path: Path) -> None:  #
     with pytest.raises(BackendError, match="flash_attn") as err:
         backend.open(gguf_path)
     assert err.value.field == "backends.llamacpp.kv_cache_type"
+
+
+def _drain(stream: Any) -> tuple[str, str | None]:
+    text, finish = "", None
+    for chunk in stream:
+        choice = chunk["choices"][0]
+        text += choice.get("text") or choice.get("delta", {}).get("content") or ""
+        finish = choice.get("finish_reason") or finish
+    return text, finish
+
+
+def _firing_stops(text: str, generate: Callable[[str], Any]) -> dict[int, str]:
+    """Two-character stop strings cut from ``text`` that do stop generation, by the number of
+    completion tokens they stop at (llama-cpp-python matches stops on its own detokenization,
+    so not every substring of the final text fires)."""
+    stops: dict[int, str] = {}
+    for i in range(0, len(text) - 2, 3):
+        got = generate(text[i:i + 2])
+        if got["choices"][0]["finish_reason"] == "stop":
+            stops.setdefault(got["usage"]["completion_tokens"], text[i:i + 2])
+    return stops
+
+
+def test_streamed_usage_equals_llamacpp_with_stop_strings(gguf_path: Path) -> None:  # noqa: F811
+    """Stop strings, EOG and length: a stream's usage is what the non-streamed call reports."""
+    exe: Any = LlamaCppBackend(LlamacppSection(n_ctx=256)).compile(whole(gguf_path), CPU)
+    ref = Llama(str(gguf_path), n_ctx=256, seed=0, verbose=False)
+    try:
+        prompt = "the edge board is"
+        full = ref.create_completion(prompt=prompt, max_tokens=30, temperature=0)
+        text = full["choices"][0]["text"]  # type: ignore[index]
+        stops = _firing_stops(text, lambda stop: ref.create_completion(
+            prompt=prompt, max_tokens=30, temperature=0, stop=[stop]))
+        assert len(stops) >= 2, text  # stops ending generation at different tokens
+        eos = ref.token_eos()
+        cases: list[dict[str, Any]] = [{"stop": [s]} for s in stops.values()]
+        cases += [{"logit_bias": {eos: 100.0}},  # the first sample is EOG: not counted
+                  {"max_tokens": 5}]
+        for extra in cases:
+            params = {"max_tokens": 30, "temperature": 0, **extra}
+            want = ref.create_completion(prompt=prompt, **params)
+            plain = exe.complete(prompt, **params)
+            stream = exe.complete(prompt, stream=True, **params)
+            streamed_text, finish = _drain(stream)
+            assert plain["usage"] == want["usage"], extra
+            assert stream.usage == want["usage"], (extra, streamed_text)  # type: ignore[index]
+            assert streamed_text == want["choices"][0]["text"]  # type: ignore[index]
+            assert finish == want["choices"][0]["finish_reason"]  # type: ignore[index]
+        eog = exe.complete(prompt, stream=True, max_tokens=30, temperature=0,
+                           logit_bias={eos: 100.0})
+        assert _drain(eog) == ("", "stop")
+        assert eog.usage["completion_tokens"] == 0  # sampled once, and that was EOG
+        # chat streams go through the same counting
+        messages = [{"role": "user", "content": "hello the board"}]
+        chat_full = ref.create_chat_completion(messages=messages, max_tokens=20,  # type: ignore[arg-type]
+                                               temperature=0)
+        content = chat_full["choices"][0]["message"]["content"]  # type: ignore[index]
+        chat_stops = _firing_stops(content, lambda stop: ref.create_chat_completion(
+            messages=messages, max_tokens=20, temperature=0, stop=[stop]))  # type: ignore[arg-type]
+        assert chat_stops, content
+        stop = next(iter(chat_stops.values()))
+        want_chat = ref.create_chat_completion(messages=messages, max_tokens=20,  # type: ignore[arg-type]
+                                               temperature=0, stop=[stop])
+        chat_stream = exe.chat(messages, max_tokens=20, temperature=0, stop=[stop], stream=True)
+        _drain(chat_stream)
+        assert chat_stream.usage == want_chat["usage"]  # type: ignore[index]
+    finally:
+        ref.close()
+        exe.close()

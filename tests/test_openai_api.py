@@ -82,6 +82,37 @@ def test_streamed_chat_equals_the_plain_one(client: openai.OpenAI) -> None:
     assert usage.completion_tokens == plain.usage.completion_tokens
 
 
+def test_stop_strings_usage_streamed_and_plain_equal_llamacpp(client: openai.OpenAI,
+                                                               reference: Llama) -> None:
+    full = reference.create_chat_completion(messages=MESSAGES, max_tokens=24,  # type: ignore[arg-type]
+                                            temperature=0)
+    content = full["choices"][0]["message"]["content"]  # type: ignore[index]
+    checked = 0
+    for i in range(0, len(content) - 2, 2):
+        stop = content[i:i + 2]
+        want = reference.create_chat_completion(messages=MESSAGES, max_tokens=24,  # type: ignore[arg-type]
+                                                temperature=0, stop=[stop])
+        if want["choices"][0]["finish_reason"] != "stop":  # type: ignore[index]
+            continue  # llama-cpp-python did not match this one on its own detokenization
+        plain = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                               max_tokens=24, temperature=0, stop=[stop])
+        stream = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                                max_tokens=24, temperature=0, stop=[stop],
+                                                stream=True,
+                                                stream_options={"include_usage": True})
+        usage = [c.usage for c in stream if c.usage is not None]
+        assert plain.choices[0].finish_reason == "stop"
+        assert plain.usage is not None and len(usage) == 1
+        wanted = want["usage"]  # type: ignore[index]
+        assert plain.usage.completion_tokens == wanted["completion_tokens"], stop
+        assert usage[0].completion_tokens == wanted["completion_tokens"], stop
+        assert usage[0].prompt_tokens == wanted["prompt_tokens"]
+        checked += 1
+        if checked == 2:
+            break
+    assert checked == 2, content
+
+
 def test_raw_stream_ends_with_done(daemon: DaemonProcess) -> None:
     body = json.dumps({"model": "tiny", "messages": MESSAGES, "max_tokens": 3,
                        "stream": True}).encode()

@@ -3,15 +3,16 @@
 
 Generation runs in llama-cpp-python inside a worker thread while holding the model's device
 slot, so requests to one device are serialised and a full queue answers 503. Usage counts are
-llama.cpp's own; for streams (``stream_options.include_usage``) they are counted from the
-sampler: prompt tokens = the context length at the first sample, completion tokens = samples
-minus the end-of-generation token. (With ``stop`` strings a stream may count one token more
-than the non-streamed call would.)
+llama.cpp's own: for streams (``stream_options.include_usage``) the backend's
+:class:`~edgepilot.backends.llamacpp.TokenStream` counts the sampled tokens with the rule of the
+non-streamed response (an end-of-generation token is not counted, a token completing a ``stop``
+string is), so both equal what llama-cpp-python reports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import threading
@@ -19,7 +20,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -167,44 +167,28 @@ async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req
         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-class _SampleCounter:
-    """A pass-through logits processor that counts samples (llama.cpp calls it once each)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.prompt_tokens = 0
-
-    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        if self.calls == 0:
-            self.prompt_tokens = len(input_ids)
-        self.calls += 1
-        return scores
-
-
 async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: str,
                   call: Callable[..., Any], params: dict[str, Any], include_usage: bool,
                   started: float) -> AsyncIterator[str]:
-    from llama_cpp import LogitsProcessorList
-
     loop = asyncio.get_running_loop()
     items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     stop = threading.Event()
-    counter = _SampleCounter()
 
     def work() -> None:
         try:
-            for chunk in call(**params, stream=True,
-                              logits_processor=LogitsProcessorList([counter])):
-                loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
-                if stop.is_set():  # the client went away; closing the generator ends llama's
-                    break
-            loop.call_soon_threadsafe(items.put_nowait, ("end", None))
+            chunks = call(**params, stream=True)
+            with contextlib.closing(iter(chunks)) as it:
+                for chunk in it:
+                    loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
+                    if stop.is_set():  # the client went away; closing ends llama's generation
+                        break
+            loop.call_soon_threadsafe(items.put_nowait, ("end", chunks.usage))
         except Exception as exc:
             loop.call_soon_threadsafe(items.put_nowait, ("error", exc))
 
     fut = loop.run_in_executor(daemon.executor, work)
-    finish_reason = None
     last: dict[str, Any] = {}
+    usage: dict[str, int] | None = None
     ok = False
     try:
         while True:
@@ -212,25 +196,21 @@ async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: s
             if kind == "chunk":
                 item["model"] = name
                 last = item
-                for choice in item.get("choices", []):
-                    finish_reason = choice.get("finish_reason") or finish_reason
                 yield f"data: {json.dumps(item)}\n\n"
             elif kind == "error":
                 yield f"data: {json.dumps({'error': error_body(item)})}\n\n"
                 break
             else:
-                ok = True
+                ok, usage = True, item
                 break
-        completion = counter.calls - (1 if finish_reason == "stop" else 0)
-        if ok and include_usage:
-            usage = {"prompt_tokens": counter.prompt_tokens, "completion_tokens": completion,
-                     "total_tokens": counter.prompt_tokens + completion}
+        completion = usage["completion_tokens"] if usage else 0
+        if ok and include_usage and usage is not None:
             tail: dict[str, Any] = {"id": last.get("id"), "object": last.get("object"),
                     "created": last.get("created"), "model": name, "choices": [],
                     "usage": usage}
             yield f"data: {json.dumps(tail)}\n\n"
         yield "data: [DONE]\n\n"
-        daemon.work.record(name, time.monotonic() - started, tokens=max(completion, 0), ok=ok)
+        daemon.work.record(name, time.monotonic() - started, tokens=completion, ok=ok)
     finally:
         stop.set()
         queue = registry.queue(lm.device)
