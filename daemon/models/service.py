@@ -87,12 +87,27 @@ class ModelsService:
         await self.registry.close()
 
     async def reload(self, old: Config, new: Config) -> None:
-        """Unload models whose entry changed or disappeared; they reload on demand."""
+        """Unload resident models the new config no longer serves, or serves differently.
+
+        A model whose name is gone (its ``[[models]]`` entry removed, or a dropped-in file now
+        claimed by an entry under another name) is unloaded with reason "removed from config";
+        one whose entry changed, with "config changed" (it reloads with the new entry on its
+        next request). Unchanged models stay resident.
+        """
         before = {e.name: e for e in old.models}
         after = {e.name: e for e in new.models}
+        current = self.registry.entries()  # the daemon already holds the new config
         for name in list(self.registry.loaded):
-            if name in before and before[name] != after.get(name):
-                await self.registry.unload(name, reason="config")
+            if name not in current or (name in before and name not in after):
+                reason = "removed from config"
+            elif before.get(name) != after.get(name):
+                reason = "config changed"
+            else:
+                continue
+            try:
+                await self.registry.unload(name, reason=reason)
+            except EdgepilotError as exc:  # one stuck model must not stop the others
+                log.error("model %s not unloaded on reload: %s", name, exc.message)
         self.registry.reset_backends()
 
 
