@@ -5,6 +5,11 @@ delegate) and one device per ``[backends.tflite] delegates`` entry (name -> .so,
 delegate or a vendor NPU delegate). Precision is the file's own: ``int8`` for a model with
 quantized inputs, else ``fp32``. A segment is cut out of the flatbuffer
 (:mod:`edgepilot.models.tflite_graph`), so any operator range can run on its own.
+
+No silent fallback: a delegate takes the operators it can and leaves the rest to the builtin
+CPU kernels without a word. So a delegate target (``xnnpack`` or an external one) supports a
+segment only when, with the delegate applied, no operator of the segment is left outside it
+(:func:`ops_outside_delegates` reads the interpreter's node list); ``cpu`` runs anything.
 """
 
 from __future__ import annotations
@@ -85,6 +90,40 @@ class TfliteExecutable(Executable):
             return {n: np.array(self.interp.get_tensor(d["index"])) for n, d in self._out.items()}
 
 
+def ops_outside_delegates(interp: Any, n_ops: int) -> list[str]:
+    """Operators of an allocated interpreter that run on builtin kernels, not in a delegate.
+
+    Nodes ``0..n_ops-1`` are the model's operators; applying a delegate appends one node per
+    partition it took (named ``DELEGATE``), whose inputs/outputs are the partition's boundary
+    tensors. The execution plan is not exposed to Python, so walk back from the graph outputs:
+    a tensor made by a delegate node needs that node's inputs; a tensor made by an original
+    operator (and by no delegate) means that operator runs outside every delegate.
+    """
+    nodes = interp._get_ops_details()  # LiteRT's node list, delegate nodes included
+    made_by_op = {int(t): i for i in range(n_ops) for t in nodes[i]["outputs"]}
+    made_by_delegate = {int(t): j for j in range(n_ops, len(nodes)) for t in nodes[j]["outputs"]}
+    outside: set[int] = set()
+    seen: set[int] = set()
+    todo = [int(d["index"]) for d in interp.get_output_details()]
+    while todo:
+        t = todo.pop()
+        if t in seen or t < 0:
+            continue
+        seen.add(t)
+        node = made_by_delegate.get(t)
+        if node is None:
+            node = made_by_op.get(t)
+            if node is None:
+                continue  # a model input or a constant
+            outside.add(node)
+        todo.extend(int(x) for x in nodes[node]["inputs"])
+    return [f"{nodes[i]['op_name']}#{i}" for i in sorted(outside)]
+
+
+def _n_ops(content: bytes) -> int:
+    return int(tflite_graph._schema().Model.GetRootAs(content, 0).Subgraphs(0).OperatorsLength())
+
+
 class TfliteBackend(Backend):
     """TFLite interpreter targets; external delegates are loaded by path from config."""
 
@@ -92,6 +131,9 @@ class TfliteBackend(Backend):
 
     def __init__(self, settings: TfliteSection | None = None) -> None:
         self.settings = settings or TfliteSection()
+        self._lock = threading.Lock()
+        # (file, mtime, size, segment io, device, .so) -> whether the delegate takes it all
+        self._delegated: dict[tuple[Any, ...], Support] = {}
 
     def version(self) -> str | None:
         try:
@@ -126,7 +168,35 @@ class TfliteBackend(Backend):
             so = self.settings.delegates[target.device]
             if not Path(so).is_file():
                 return Support(False, f"delegate library {so} does not exist")
-        return Support(True)
+        if target.device == "cpu":
+            return Support(True)  # builtin kernels are the fallback; nothing can fall further
+        return self._delegation(segment, target.device)
+
+    def _delegation(self, segment: Segment, device: str) -> Support:
+        """Whether ``device``'s delegate takes every operator of ``segment`` (cached)."""
+        st = segment.model_path.stat()
+        key = (str(segment.model_path), st.st_mtime_ns, st.st_size, segment.inputs,
+               segment.outputs, device, str(self.settings.delegates.get(device, "")))
+        with self._lock:
+            if key in self._delegated:
+                return self._delegated[key]
+        try:
+            content = self.model_bytes(segment)
+            interp = self._interpreter(content, device, segment.model_path.name)
+            outside = ops_outside_delegates(interp, _n_ops(content))
+        except BackendError as exc:
+            support = Support(False, exc.message)
+        else:
+            support = Support(True)
+            if outside:
+                shown = ", ".join(outside[:8]) + (" ..." if len(outside) > 8 else "")
+                support = Support(False, (
+                    f"the {device} delegate leaves {len(outside)} of {_n_ops(content)} operators "
+                    f"on the builtin CPU kernels ({shown}); that would be a silent fallback, "
+                    "so run this segment on tflite/cpu or split it"))
+        with self._lock:
+            self._delegated[key] = support
+        return support
 
     def model_bytes(self, segment: Segment) -> bytes:
         """The flatbuffer to load: the file itself, or the segment cut out of it."""
@@ -138,28 +208,33 @@ class TfliteBackend(Backend):
         support = self.supports(segment, target)
         if not support:
             raise BackendError(f"{target} cannot run {segment.model_path.name}: {support.reason}")
-        mod = _interpreter_module()
         content = self.model_bytes(segment)
+        interp = self._interpreter(content, target.device, segment.model_path.name)
+        return TfliteExecutable(interp, target, len(content))
+
+    def _interpreter(self, content: bytes, device: str, label: str) -> Any:
+        """An allocated interpreter for ``content`` on ``device`` (delegates applied)."""
+        mod = _interpreter_module()
         kwargs: dict[str, Any] = {"model_content": content}
         if self.settings.threads:
             kwargs["num_threads"] = self.settings.threads
-        if target.device == "cpu":
+        if device == "cpu":
             kwargs["experimental_op_resolver_type"] = (
                 mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-        elif target.device != "xnnpack":
-            so = self.settings.delegates[target.device]
+        elif device != "xnnpack":
+            so = self.settings.delegates[device]
             try:
                 kwargs["experimental_delegates"] = [mod.load_delegate(str(so))]
             except (ValueError, OSError) as exc:
                 raise BackendError(f"could not load TFLite delegate {so}: {exc}",
-                                   field=f"backends.tflite.delegates.{target.device}") from None
-            # a delegate that takes only part of the graph silently leaves the rest on CPU
+                                   field=f"backends.tflite.delegates.{device}") from None
+            # without XNNPACK behind it, what the delegate leaves is visible (and refused)
             kwargs["experimental_op_resolver_type"] = (
                 mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         try:
             interp = mod.Interpreter(**kwargs)
-            interp.allocate_tensors()
+            interp.allocate_tensors()  # applies the default (XNNPACK) delegate
         except (ValueError, RuntimeError) as exc:
-            raise BackendError(f"TFLite could not build {segment.model_path.name} on {target}: "
+            raise BackendError(f"TFLite could not build {label} on {self.name}/{device}: "
                                f"{exc}") from None
-        return TfliteExecutable(interp, target, len(content))
+        return interp

@@ -11,10 +11,11 @@ from ai_edge_litert.interpreter import Interpreter
 from models_fixtures import mlp_tflite, wakeword_tflite  # noqa: F401 - fixture
 
 from edgepilot.backends.base import Segment, Target
-from edgepilot.backends.tflite import TfliteBackend
+from edgepilot.backends.tflite import TfliteBackend, ops_outside_delegates
 from edgepilot.config import TfliteSection
 from edgepilot.errors import BackendError
 from edgepilot.models import tflite_graph
+from edgepilot.models.tflite_gen import write_mlp_tflite
 
 XNN = Target("tflite", "xnnpack", "fp32")
 CPU = Target("tflite", "cpu", "fp32")
@@ -113,3 +114,37 @@ def test_supports_and_probe(mlp_tflite: Path, tmp_path: Path) -> None:  # noqa: 
     assert not backend.supports(Segment(tmp_path / "m.onnx", "onnx", ("x",), ("y",)), XNN)
     with pytest.raises(BackendError, match="cannot run"):
         backend.compile(whole(mlp_tflite), Target("tflite", "gpu", "fp32"))
+
+
+def test_xnnpack_is_refused_where_it_would_fall_back(tmp_path: Path) -> None:
+    """LOG_SOFTMAX is not an XNNPACK operator: the whole model and any segment holding it are
+    not XNNPACK's; segments of the operators it takes are, and cpu runs everything."""
+    path = write_mlp_tflite(tmp_path / "logsoftmax.tflite", head="log_softmax")
+    ops = [layer.op for layer in tflite_graph.layers(path)]
+    assert ops == ["FULLY_CONNECTED"] * 3 + ["ADD", "LOG_SOFTMAX"]
+    # what the runtime itself did: one delegate node, and LOG_SOFTMAX still on its own
+    ip = Interpreter(model_path=str(path))
+    ip.allocate_tensors()
+    assert [n["op_name"] for n in ip._get_ops_details()][5:] == ["DELEGATE"]
+    assert ops_outside_delegates(ip, 5) == ["LOG_SOFTMAX#4"]
+
+    backend = TfliteBackend()
+    verdict = backend.supports(whole(path), XNN)
+    assert not verdict
+    assert "leaves 1 of 5 operators" in verdict.reason and "LOG_SOFTMAX" in verdict.reason
+    with pytest.raises(BackendError, match="LOG_SOFTMAX"):
+        backend.compile(whole(path), XNN)
+    assert not backend.supports(tflite_graph.segment(path, 3, 5), XNN)
+    assert backend.supports(tflite_graph.segment(path, 0, 4), XNN)  # FCs and ADD: all taken
+    assert backend.supports(whole(path), CPU)
+    # the MLP with a LOGISTIC head is XNNPACK's entirely
+    plain = write_mlp_tflite(tmp_path / "logistic.tflite")
+    assert backend.supports(whole(plain), XNN)
+
+    # a plan that splits there runs and matches the interpreter: XNNPACK head, cpu tail
+    x = np.random.default_rng(3).standard_normal((1, 32)).astype(np.float32)
+    head = tflite_graph.segment(path, 0, 4)
+    tail = tflite_graph.segment(path, 4, 5)
+    env = {"input": x, **backend.compile(head, XNN).run({"input": x})}
+    got = backend.compile(tail, CPU).run({n: env[n] for n in tail.inputs})["output"]
+    np.testing.assert_allclose(got, interpret(path, {"input": x})["output"], atol=1e-5)

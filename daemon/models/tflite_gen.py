@@ -1,13 +1,15 @@
 """Small random-weight TFLite models written straight from the flatbuffer schema (no TensorFlow).
 
 :func:`write_mlp_tflite` makes a stack of FULLY_CONNECTED(+RELU) blocks with a residual ADD and
-a final LOGISTIC — enough operators for segment cutting and cross-runtime checks.
+a final LOGISTIC — enough operators for segment cutting and cross-runtime checks. With
+``head="log_softmax"`` the last operator is LOG_SOFTMAX instead, which XNNPACK does not take:
+the model for checking that a partly delegated graph is never reported as delegated.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -15,8 +17,9 @@ from edgepilot.models.tflite_graph import _schema, pack
 
 
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
-                     seed: int = 0) -> Path:
-    """Write ``x[batch,width] -> (FC+RELU)×depth -> ADD(residual) -> LOGISTIC -> y``."""
+                     seed: int = 0, head: Literal["logistic", "log_softmax"] = "logistic"
+                     ) -> Path:
+    """Write ``x[batch,width] -> (FC+RELU)×depth -> ADD(residual) -> head -> y``."""
     s = _schema()
     rng = np.random.default_rng(seed)
     model = s.ModelT()
@@ -78,7 +81,11 @@ def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int 
     op(s.BuiltinOperator.ADD, [h, first if first is not None else x], [added], add_opts,
        s.BuiltinOptions.AddOptions)
     y = tensor("output", [batch, width])
-    op(s.BuiltinOperator.LOGISTIC, [added], [y])
+    if head == "log_softmax":
+        op(s.BuiltinOperator.LOG_SOFTMAX, [added], [y], s.LogSoftmaxOptionsT(),
+           s.BuiltinOptions.LogSoftmaxOptions)
+    else:
+        op(s.BuiltinOperator.LOGISTIC, [added], [y])
     sg.outputs = [y]
     model.subgraphs = [sg]
     model.operatorCodes = [None] * len(codes)
