@@ -10,11 +10,15 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from daemon_proc import DaemonProcess
 
+from edgepilot.config import parse_config
+from edgepilot.lifecycle import Daemon
 from edgepilot.models.gguf_gen import GgufSpec, write_gguf
+from edgepilot.models.service import attach
 from edgepilot.models.tflite_gen import write_mlp_tflite
 
 
@@ -45,6 +49,16 @@ def gguf_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def mlp_tflite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_mlp_tflite(tmp_path_factory.mktemp("tflite") / "mlp.tflite")
+
+
+def make_daemon(tmp: Path, **config: Any) -> Daemon:
+    """An in-process daemon with only the models capability attached (not started)."""
+    data = {"daemon": {"state_dir": str(tmp / "state"), "model_dir": str(tmp / "models"),
+                       "demo_models": False}, "mqtt": {"enabled": False}, **config}
+    (tmp / "models").mkdir(exist_ok=True)
+    daemon = Daemon(parse_config(data))
+    attach(daemon)
+    return daemon
 
 
 def start_daemon(tmp: Path, config: str) -> DaemonProcess:

@@ -10,25 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from models_fixtures import gguf_path, mlp_tflite  # noqa: F401 - fixtures
+from models_fixtures import gguf_path, make_daemon, mlp_tflite  # noqa: F401 - fixtures
 
-from edgepilot.config import parse_config
 from edgepilot.errors import BusyError, ModelError, NotFoundError
 from edgepilot.lifecycle import Daemon
 from edgepilot.models import files
 from edgepilot.models.demo import ensure_demo_models
 from edgepilot.models.queue import DeviceQueue
 from edgepilot.models.registry import ModelRegistry, ModelTooLarge
-from edgepilot.models.service import attach
-
-
-def make_daemon(tmp: Path, **config: Any) -> Daemon:
-    data = {"daemon": {"state_dir": str(tmp / "state"), "model_dir": str(tmp / "models"),
-                       "demo_models": False}, "mqtt": {"enabled": False}, **config}
-    (tmp / "models").mkdir(exist_ok=True)
-    daemon = Daemon(parse_config(data))
-    attach(daemon)
-    return daemon
 
 
 def mdir(tmp: Path) -> Path:

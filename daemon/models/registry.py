@@ -2,7 +2,8 @@
 
 Models come from ``[[models]]`` config entries and from files dropped in the model dir (named by
 their stem). Loading verifies the file (inside the model dir, sha256 when pinned), estimates its
-memory (GGUF: weights + KV cache) against the budget, and compiles it whole on its default
+memory (GGUF: weights + KV cache; ONNX/TFLite: model + packed weights + peak activations, see
+:mod:`edgepilot.models.memory`) against the budget, and compiles it whole on its default
 target. Resident models are unloaded after their keep-alive of idleness and reloaded on the next
 request. Every request to a device goes through that device's :class:`DeviceQueue`.
 """
@@ -25,6 +26,7 @@ from edgepilot.config import Config, ModelEntry
 from edgepilot.errors import BackendError, ModelError, NotFoundError
 from edgepilot.models import files
 from edgepilot.models.io import tensor_specs
+from edgepilot.models.memory import tensor_memory
 from edgepilot.models.queue import DeviceQueue
 
 if TYPE_CHECKING:
@@ -215,8 +217,9 @@ class ModelRegistry:
             log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
                      plan.n_threads, plan.n_gpu_layers)
             return exe, need
-        need = 2 * model.path.stat().st_size  # weights + arena, a rough but safe estimate
-        self._check_budget(model.name, need, f"2 x file size {model.path.stat().st_size} B")
+        memory = tensor_memory(model.path, model.kind)  # model + packed weights + activations
+        need = memory.total_bytes
+        self._check_budget(model.name, need, memory.detail())
         exe = self.compile_whole(model)
         return exe, max(need, exe.memory_bytes)
 
