@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -26,6 +27,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 T = TypeVar("T")
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
 
 
 def free_port() -> int:
@@ -51,7 +53,9 @@ class Broker:
     """One mosquitto process on 127.0.0.1:<port>, restartable on the same port."""
 
     def __init__(self, workdir: Path, port: int | None = None,
-                 tls: tuple[Path, Path, Path] | None = None) -> None:
+                 tls: tuple[Path, Path, Path] | None = None, *,
+                 passwords: dict[str, str] | None = None,
+                 require_certificate: bool = False) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.host = "127.0.0.1"
@@ -59,9 +63,13 @@ class Broker:
         self.conf = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
         workdir.mkdir(parents=True, exist_ok=True)
+        self.password_file: Path | None = None
+        if passwords is not None:  # every listener then needs a username and password
+            self.password_file = workdir / "passwd"
+            self.set_passwords(passwords)
         lines = [
             f"listener {self.port} 127.0.0.1",
-            "allow_anonymous true",
+            f"allow_anonymous {'false' if passwords is not None else 'true'}",
             "persistence true",
             f"persistence_location {workdir}/",
             "persistence_file mosquitto.db",
@@ -76,9 +84,23 @@ class Broker:
             ca, cert, key = tls
             lines += [f"listener {self.tls_port} 127.0.0.1", f"cafile {ca}", f"certfile {cert}",
                       f"keyfile {key}"]
+            if require_certificate:  # mutual TLS: clients must show a cert signed by the CA
+                lines.append("require_certificate true")
+        if self.password_file is not None:
+            lines.append(f"password_file {self.password_file}")
         if os.geteuid() == 0:
             lines.append("user root")  # else it drops to 'mosquitto', who cannot write workdir
         self.conf.write_text("\n".join(lines) + "\n")
+
+    def set_passwords(self, passwords: dict[str, str]) -> None:
+        """(Re)write the password file, hashed by ``mosquitto_passwd -U``; a running broker
+        re-reads it on SIGHUP."""
+        assert self.password_file is not None, "broker made without passwords"
+        self.password_file.write_text("".join(f"{u}:{p}\n" for u, p in passwords.items()))
+        subprocess.run([MOSQUITTO_PASSWD, "-U", str(self.password_file)], check=True, timeout=30,
+                       capture_output=True)
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGHUP)
 
     def start(self, timeout: float = 15.0) -> None:
         assert self.proc is None, "broker already running"
@@ -146,11 +168,24 @@ def make_test_ca(workdir: Path) -> tuple[Path, Path, Path]:
     return ca, cert, key
 
 
+def make_client_cert(workdir: Path, name: str = "client") -> tuple[Path, Path]:
+    """A client certificate and key signed by the CA :func:`make_test_ca` made in ``workdir``."""
+    ca, ca_key = workdir / "ca.pem", workdir / "ca.key"
+    key, csr, cert = (workdir / f"{name}{ext}" for ext in (".key", ".csr", ".pem"))
+    for args in (["req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+                  "-subj", f"/CN={name}"],
+                 ["x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+                  "-CAcreateserial", "-out", str(cert), "-days", "2"]):
+        subprocess.run(["openssl", *args], check=True, timeout=60, capture_output=True)
+    return cert, key
+
+
 class Recorder:
     """A paho subscriber collecting messages per topic (thread-safe), for assertions."""
 
     def __init__(self, broker: Broker, topics: list[str], *, client_id: str = "",
-                 persistent: bool = False, v5: bool = True, qos: int = 1) -> None:
+                 persistent: bool = False, v5: bool = True, qos: int = 1,
+                 username: str | None = None, password: str | None = None) -> None:
         self.messages: list[mqtt.MQTTMessage] = []
         self.lock = threading.Lock()
         self.connected = threading.Event()
@@ -165,6 +200,8 @@ class Recorder:
         else:
             self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                       protocol=mqtt.MQTTv311, clean_session=not persistent)
+        if username is not None:
+            self.client.username_pw_set(username, password)
         self.client.reconnect_delay_set(1, 1)
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message

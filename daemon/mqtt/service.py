@@ -72,8 +72,13 @@ class MqttService:
 
     def stats(self) -> dict[str, Any]:
         """Fields merged into every telemetry report."""
-        return {"dropped": self.outbox.dropped, "buffered": len(self.outbox),
-                "mqtt_connected": bool(self.link is not None and self.link.connected)}
+        link = self.link
+        connected = bool(link is not None and link.connected)
+        out: dict[str, Any] = {"dropped": self.outbox.dropped, "buffered": len(self.outbox),
+                               "mqtt_connected": connected}
+        if link is not None and not connected and link.last_error:
+            out["mqtt_error"] = link.last_error  # why it is not connected, for the operator
+        return out
 
     # ---- producers --------------------------------------------------------------------------
     def _on_report(self, report: dict[str, Any]) -> None:
