@@ -120,7 +120,14 @@ class MqttSection(Section):
     password: str | None = Field(None, max_length=1024, description="Broker password.")
     tls: MqttTlsSection | None = Field(None, description="TLS settings; absent = plain TCP.")
     keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive.")
-    qos: Literal[0, 1, 2] = Field(1, description="QoS for telemetry, events and replies.")
+    qos: Literal[0, 1, 2] = Field(
+        1, description="QoS for telemetry, events and replies. 1: at least once (a consumer "
+        "drops repeats by `seq`); 2 with MQTT 5: exactly once, also across broker restarts "
+        "(persistent session, see session_expiry_s).")
+    session_expiry_s: int = Field(
+        3600, ge=10, le=7 * 86400,
+        description="With qos = 2 on MQTT 5: how long the broker keeps this client's session "
+        "(its unfinished QoS 2 handshakes) while the daemon is away.")
     topic_prefix: str = Field("edgepilot", min_length=1, max_length=64,
                               pattern=r"^[A-Za-z0-9_/-]+$", description="First topic level.")
     groups: list[str] = Field(default_factory=list, max_length=64,
