@@ -6,6 +6,7 @@ config file, sends SIGHUP and watches ``/v1/models`` and the ``events`` topic.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import signal
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any
 from daemon_proc import DaemonProcess
 from models_fixtures import gguf_path, mlp_tflite  # noqa: F401 - fixtures
 from mqtt_fixtures import Broker, Recorder, broker, wait_for  # noqa: F401 - fixture
+
+from edgepilot.models.onnx_gen import mlp_stack
 
 DEVICE = "reloadbox"
 MODELS = ('[[models]]\nname = "chat"\nfile = "tiny.gguf"\n'
@@ -91,3 +94,29 @@ def test_sighup_unloads_models_removed_from_config(tmp_path: Path, broker: Broke
     finally:
         rec.close()
         assert d.stop() == 0, d.output()
+
+
+def test_readyz_names_a_configured_model_that_failed_to_load(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "m.onnx", widths=(8, 16, 8))
+    digest = hashlib.sha256((models / "m.onnx").read_bytes()).hexdigest()
+    wrong = "0" * 64
+    cfg = ("[mqtt]\nenabled = false\n[daemon]\n"
+           f'model_dir = "{models}"\n[[models]]\nname = "m"\nfile = "m.onnx"\n'
+           f'sha256 = "{wrong}"\n')
+    d = DaemonProcess(tmp_path, cfg).start()
+    try:
+        body = d.wait_for("/readyz", 503, timeout=60)
+        assert "model 'm' failed to load" in body["reasons"]["models"]
+        assert "sha256" in body["reasons"]["models"]
+        assert d.request("GET", "/healthz")[0] == 200
+        # fix the config and reload: the model gets another chance and /readyz turns 200
+        assert d.config_path is not None
+        d.config_path.write_text(cfg.replace(wrong, digest))
+        d.send_signal(signal.SIGHUP)
+        d.wait_for("/readyz", 200, timeout=60)
+        code, reply = d.request("POST", "/v1/commands/model.load", {"name": "m"})
+        assert code == 200, reply
+    finally:
+        assert d.stop() == 0

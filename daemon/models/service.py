@@ -51,6 +51,7 @@ class ModelsService:
         self.daemon = daemon
         self.registry = registry
         self._reaper: asyncio.Task[None] | None = None
+        self.failed: dict[str, str] = {}  # configured model -> why it did not load at start
 
     async def start(self) -> None:
         cfg = self.daemon.config
@@ -60,16 +61,29 @@ class ModelsService:
 
             self.registry.extra = await self.daemon.run_blocking(
                 ensure_demo_models, self.daemon.model_dir)
+        self.daemon.events.subscribe(self._on_event)
         for entry in cfg.models:
             if not entry.load_at_start:
                 continue
             try:
                 await self.registry.load(entry.name)
             except EdgepilotError as exc:
-                # a broken model is reported (model.list, log) but never stops the daemon
+                # a broken model never stops the daemon; /readyz says which and why until it
+                # loads (model.load) or leaves the config
                 log.error("model %s not loaded: %s", entry.name, exc.message)
+                self.failed[entry.name] = exc.message
         self._reaper = asyncio.create_task(self._reap_forever(), name="models-reaper")
-        self.daemon.set_ready("models", None)
+        self._update_ready()
+
+    def _update_ready(self) -> None:
+        reason = "; ".join(f"model {n!r} failed to load: {m}"
+                           for n, m in sorted(self.failed.items()))
+        self.daemon.set_ready("models", reason or None)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event["type"] == "model.loaded" and self.failed.pop(event.get("model", ""), None):
+            # events may come from worker threads; readiness is a plain dict assignment
+            self._update_ready()
 
     async def _reap_forever(self) -> None:
         while True:
@@ -109,6 +123,10 @@ class ModelsService:
             except EdgepilotError as exc:  # one stuck model must not stop the others
                 log.error("model %s not unloaded on reload: %s", name, exc.message)
         self.registry.reset_backends()
+        for name in list(self.failed):
+            if name not in after or before.get(name) != after.get(name):
+                self.failed.pop(name)  # gone, or it gets another chance with its new entry
+        self._update_ready()
 
 
 def attach(daemon: Daemon) -> list[Service]:
