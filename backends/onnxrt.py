@@ -68,12 +68,19 @@ _NP_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16",
 
 
 class OrtExecutable(Executable):
-    """A warm ``InferenceSession`` for one segment on one target."""
+    """A warm ``InferenceSession`` for one segment on one target.
 
-    def __init__(self, session: Any, target: Target, size_bytes: int) -> None:
+    ``model_sha256`` is the digest of the exact model bytes the session was built from: two
+    executables with the same digest on the same target are the same session (the planner's
+    "an all-one-target plan is exactly the whole model on that runtime" is tested with it).
+    """
+
+    def __init__(self, session: Any, target: Target, size_bytes: int,
+                 model_sha256: str = "") -> None:
         self._session = session
         self.target = target
         self._size = size_bytes
+        self.model_sha256 = model_sha256
         self.inputs = [TensorSpec(i.name, _NP_TYPES.get(i.type, i.type), tuple(i.shape))
                        for i in session.get_inputs()]
         self.outputs = [TensorSpec(o.name, _NP_TYPES.get(o.type, o.type), tuple(o.shape))
@@ -241,7 +248,7 @@ class OnnxRuntimeBackend(Backend):
         except Exception as exc:
             raise BackendError(f"onnxruntime refused {segment.name or 'segment'} on {target}: "
                                f"{exc}") from None
-        return OrtExecutable(session, target, len(data))
+        return OrtExecutable(session, target, len(data), hashlib.sha256(data).hexdigest())
 
 
 def _segment_key(segment: Segment) -> str:

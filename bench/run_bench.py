@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -19,8 +21,16 @@ from typing import Any
 
 from edgepilot.config import Config
 from edgepilot.dispatch.bench import bench
-from edgepilot.dispatch.costmodel import Sample, leave_one_out, leave_one_out_linear, op_class
+from edgepilot.dispatch.costmodel import (
+    Sample,
+    leave_one_out,
+    leave_one_out_linear,
+    op_class,
+    within,
+)
 from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.plan import CostBuilder
+from edgepilot.dispatch.profiler import Profiler
 from edgepilot.models import onnx_gen
 from edgepilot.models.tflite_gen import write_mlp_tflite
 
@@ -45,6 +55,13 @@ def make_models(d: Path) -> dict[str, str]:
     }
 
 
+def _by_target(pairs: list[tuple[str, float, float]]) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    for target, a, b in pairs:
+        out.setdefault(target, []).append((a, b))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results.json"))
@@ -60,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, Any] = {"models": {}, "predictor": {}}
         pooled: dict[str, list[Sample]] = {}
         by_class: dict[str, list[Sample]] = {}
+        by_class_avg: dict[str, list[Sample]] = {}
+        pairs: list[tuple[str, float, float]] = []   # (target, run 1 ms, run 2 ms) per cell
         for name, what in models.items():
             print(f"== {name}: {what}", file=sys.stderr)
             md = dispatcher.get(name)
@@ -76,9 +95,25 @@ def main(argv: list[str] | None = None) -> int:
                             if row[target].ms is not None]
                 for lay, sample in zip(measured, samples, strict=True):
                     by_class.setdefault(f"{target} {op_class(lay.op_types)}", []).append(sample)
+            # the noise floor: the same layers timed again, independently, the same way
+            again = Profiler(md.part, md.backends, md.targets, md.reference, md.calibration,
+                             runs=md.opts.runs, warmup=md.opts.warmup,
+                             metric=md.opts.metric).profile()
+            for layer, row1, row2 in zip(md.part.layers, md.builder.profile.cells, again.cells,
+                                         strict=True):
+                for target, c1 in row1.items():
+                    c2 = row2.get(target)
+                    if c1.ms is None or c2 is None or c2.ms is None:
+                        continue
+                    pairs.append((target, c1.ms, c2.ms))
+                    prec = target.split("/")[-1]
+                    avg = CostBuilder.sample(layer, prec, math.sqrt(c1.ms * c2.ms))
+                    by_class_avg.setdefault(f"{target} {op_class(layer.op_types)}",
+                                            []).append(avg)
             print(json.dumps({k: res[k] for k in ("plan", "single", "raw",
-                                                  "speedup_vs_best_single",
-                                                  "predicted_vs_measured")}), file=sys.stderr)
+                                                  "speedup_vs_best_single_paired",
+                                                  "predicted_vs_measured", "plan_time")}),
+                  file=sys.stderr)
         total_hits = total = 0
         for target, samples in sorted(pooled.items()):
             hits, count, errors = leave_one_out(samples)
@@ -102,9 +137,27 @@ def main(argv: list[str] | None = None) -> int:
                 "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
                 if errors else None}
         results["predictor_by_op_class_overall"] = {"layers": total_c, "within_10pct": hits_c}
+        # the same predictor fitted/evaluated on the geometric mean of the two timing runs
+        hits_a = total_a = 0
+        for samples in by_class_avg.values():
+            hits, count, _ = leave_one_out_linear(samples)
+            hits_a += hits
+            total_a += count
+        results["predictor_two_runs_overall"] = {"layers": total_a, "within_10pct": hits_a}
+        agree = sum(within(b, a) for _, a, b in pairs)
+        results["noise_floor"] = {
+            "cells": len(pairs), "within_10pct": agree,
+            "median_abs_diff": statistics.median(abs(b - a) / a for _, a, b in pairs)
+            if pairs else None,
+            "by_target": {t: {"cells": len(v), "within_10pct": sum(within(b, a) for a, b in v)}
+                          for t, v in _by_target(pairs).items()}}
         print(json.dumps({"roofline_per_target": results["predictor_overall"],
                           "linear_per_target_op_class":
-                          results["predictor_by_op_class_overall"]}), file=sys.stderr)
+                          results["predictor_by_op_class_overall"],
+                          "linear_two_runs": results["predictor_two_runs_overall"],
+                          "noise_floor": {k: results["noise_floor"][k]
+                                          for k in ("cells", "within_10pct")}}),
+              file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)

@@ -1,14 +1,20 @@
 """Side-by-side timing of a plan, every single-target plan and the raw runtime on the file.
 
 All variants are compiled first, warmed up, then timed interleaved: each round runs every
-variant once (the order rotated per round), so a load spike on the shared board hits every
-variant of that round alike. Medians are reported with the output error of each variant
+variant once, in an order shuffled per round (seeded), so a load spike on the shared board hits
+every variant of that round alike. Each variant's turn is a short burst: one untimed call that
+brings its weights back into cache, then timed calls. Without it a variant pays for whatever
+the variant before it evicted, and with a fixed (rotated) order every variant always follows
+the same neighbour: two identical int8 sessions then differed by 4% (one followed the 17 MB
+fp32 model, the other an int8 one). Variants slower than ``COLD_MS`` get no untimed call (cache
+state is noise on a run that long). Medians are reported with the output error of each variant
 against the fp32 reference, plus the median over rounds of each variant's time divided by the
 plan's time in the same round (``paired_ratio``), which cancels most of the shared-board noise.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -21,6 +27,9 @@ from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+# timed calls per burst, and the run time above which a burst skips its untimed call
+BURST = 3
+COLD_MS = 5.0
 
 
 def raw_runner(md: ModelDispatch) -> Runner:
@@ -83,17 +92,15 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
         for fn in runners.values():
             fn(feed)
     times: dict[str, list[float]] = {name: [] for name in runners}
-    # interleaved: every round times each variant once (A B C A B C ...), the order rotated
-    # each round, so a load spike on the shared board lands on all variants of that round;
-    # per-round ratios then cancel what the spike did
+    rng = random.Random(0)
     order = list(runners)
-    for r in range(max(1, runs)):
-        k = r % len(order)
-        for name in order[k:] + order[:k]:
-            fn = runners[name]
-            t0 = time.perf_counter()
-            fn(feed)
-            times[name].append((time.perf_counter() - t0) * 1e3)
+    slow: set[str] = set()
+    for _ in range(max(1, runs)):
+        rng.shuffle(order)
+        for name in order:
+            times[name].append(_burst(runners[name], feed, name in slow))
+            if times[name][-1] > COLD_MS:
+                slow.add(name)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     tol = md.opts.tolerance
     single = {name: {"median_ms": round(med[name], 4), "error": errors[name],
@@ -114,6 +121,15 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
             for name in runners if name != "plan"},
         "speedup_vs_best_single_paired": None,
         "predicted_vs_measured": round(md.plan.predicted_ms / med["plan"], 3),
+        # the plan's own check right after compiling (warm, alone), predicted from earlier
+        # measurements only (see calibration.py)
+        "plan_time": {"predicted_ms": round(md.plan.predicted_ms, 4),
+                      "measured_ms": md.plan.measured_ms and round(md.plan.measured_ms, 4),
+                      "uncalibrated_ms": md.plan.uncalibrated_ms
+                      and round(md.plan.uncalibrated_ms, 4),
+                      "predicted_vs_measured": round(md.plan.predicted_ms / md.plan.measured_ms,
+                                                     3) if md.plan.measured_ms else None,
+                      "calibration": md.plan.calibration},
         "skipped": skipped,
     }
     if best is not None:
@@ -122,3 +138,18 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
         result["best_single"] = best_name
         result["speedup_vs_best_single_paired"] = result["paired_ratio"][best_name]
     return result
+
+
+def _burst(fn: Runner, feed: dict[str, np.ndarray], slow: bool) -> float:
+    """One variant's turn: an untimed call (unless slow), then the median of BURST timed."""
+    if slow:
+        t0 = time.perf_counter()
+        fn(feed)
+        return (time.perf_counter() - t0) * 1e3
+    fn(feed)
+    ts = []
+    for _ in range(BURST):
+        t0 = time.perf_counter()
+        fn(feed)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)

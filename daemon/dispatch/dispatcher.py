@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -63,6 +64,8 @@ class Dispatcher:
         self._backends = backends
         self._models: dict[str, AnyDispatch] = {}
         self._lock = threading.Lock()
+        # why re-prediction ran, most recent last (status/debugging: one entry per clock move)
+        self.clock_replans: deque[str] = deque(maxlen=50)
 
     # ---- set-up -------------------------------------------------------------------------------
     @property
@@ -222,6 +225,7 @@ class Dispatcher:
 
     def clocks_changed(self, reason: str) -> None:
         """DVFS profile applied or a thermal event: re-predict every planned model (blocking)."""
+        self.clock_replans.append(reason)
         freqs = board_freqs(self.board)
         for md in self.prepared():
             try:

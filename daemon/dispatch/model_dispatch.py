@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.dispatch.calibration import time_plan
 from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
 from edgepilot.dispatch.monitor import Monitor, worth_switching
 from edgepilot.dispatch.partition import Partition, partition
 from edgepilot.dispatch.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
-from edgepilot.dispatch.planner import CostTable, plan_cost, solve
-from edgepilot.dispatch.profiler import Profiler, ProfileTable, Progress, median_ms
+from edgepilot.dispatch.planner import CostTable
+from edgepilot.dispatch.profiler import MAX_RUNS, MIN_TIMED_MS, Profiler, ProfileTable, Progress
 from edgepilot.dispatch.targets import reference_target
 from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
@@ -153,10 +154,11 @@ class ModelDispatch:
     def _compile(self, plan: Plan, table: CostTable) -> CompiledPlan:
         assert self.part is not None
         segs = []
+        assert self.builder is not None
         for target, s, e in plan.segments:
-            t = table.targets.index(target)
-            pred = sum(table.layer_ms[i][t] or 0.0 for i in range(s, e)) + table.enter_ms[t] \
-                + (table.hop_ms[s] if s else 0.0)
+            pred = self.builder.segment_ms(table, table.targets.index(target), s, e)
+            # [0, n) is Segment(layers=None): the original file, the model's own inputs and
+            # outputs, the same variant recipe a single-target load uses (test_plan_whole)
             seg = self.part.segment(s, e)
             exe = self._backend(Target.parse(target)).compile(seg, Target.parse(target))
             segs.append(CompiledSegment(target, s, e, seg, exe, pred))
@@ -184,8 +186,11 @@ class ModelDispatch:
                      self.name, err, self.opts.tolerance, worst, ref)
             self.builder.forced[worst] = ref
         plan.error = err
-        feed = self.calibration[0]
-        plan.measured_ms = median_ms(lambda: compiled.run(feed), self.opts.runs, 1)
+        # predicted above from earlier observations only; this measurement joins them after
+        plan.measured_ms, per_segment = time_plan(compiled, self.calibration[0], self.opts.runs,
+                                                  warmup=1, min_total_ms=MIN_TIMED_MS,
+                                                  max_runs=MAX_RUNS)
+        self.builder.record(plan.segments, per_segment)
         return plan, compiled
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
@@ -203,10 +208,9 @@ class ModelDispatch:
         with self._lock:
             if self.builder is None or self.plan is None or self.compiled is None:
                 return True, self.prepare()
-            table = self.builder.table()
+            assign, new_cost, table = self.builder.best()
             current = [table.targets.index(t) for t in self.plan.targets]
-            current_cost = plan_cost(table, current)
-            assign, new_cost = solve(table)
+            current_cost = self.builder.plan_ms(table, current)
             if assign == current or not (force or current_cost == float("inf")
                                          or worth_switching(current_cost, new_cost,
                                                             self.opts.hysteresis)):
@@ -221,12 +225,9 @@ class ModelDispatch:
 
     def _predictions(self, table: CostTable) -> list[float]:
         assert self.compiled is not None
-        out = []
-        for seg in self.compiled.segments:
-            t = table.targets.index(seg.target)
-            out.append(sum(table.layer_ms[i][t] or 0.0 for i in range(seg.start, seg.end))
-                       + table.enter_ms[t] + (table.hop_ms[seg.start] if seg.start else 0.0))
-        return out
+        assert self.builder is not None
+        return [self.builder.segment_ms(table, table.targets.index(seg.target), seg.start,
+                                        seg.end) for seg in self.compiled.segments]
 
     def set_clocks(self, freqs: dict[str, float], reason: str) -> tuple[bool, Plan]:
         """A DVFS profile or thermal change: re-predict at the new clocks and replan."""

@@ -3,8 +3,9 @@
 :class:`CostBuilder` turns a :class:`ProfileTable` into the planner's :class:`CostTable`:
 measured layer times net of the per-call overhead (which the planner charges once per segment),
 hops as ``overhead(dst) + boundary bytes / bandwidth``, targets over the error budget or
-excluded after a fault marked ineligible, and per-target factors (drift) and frequency scaling
-from the fitted roofline models. :class:`Plan` is the result and its JSON shape (see issue 6).
+excluded after a fault marked ineligible, per-target factors (drift), frequency scaling from the
+fitted roofline models, and the per-target segment calibration (``calibration.py``).
+:class:`Plan` is the result and its JSON shape (see issue 6).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 
 from edgepilot.backends.base import Target
 from edgepilot.dispatch import costmodel
+from edgepilot.dispatch.calibration import Calibration, Observation
 from edgepilot.dispatch.costmodel import LinearCost, Roofline, Sample
 from edgepilot.dispatch.partition import Layer, Partition
-from edgepilot.dispatch.planner import CostTable, merge, runner_up, solve
+from edgepilot.dispatch.planner import CostTable, feasible, merge, plan_cost, runner_up, solve
 from edgepilot.dispatch.profiler import ProfileTable
 
 # a layer never costs less than this share of its standalone time, whatever the overhead says
@@ -50,9 +52,42 @@ class CostBuilder:
     budgets: dict[str, float] = field(default_factory=dict)
     rooflines: dict[str, Roofline] = field(default_factory=dict)
     linear: dict[tuple[str, str], LinearCost] = field(default_factory=dict)
+    calibration: Calibration = field(default_factory=lambda: Calibration([]))
 
     def __post_init__(self) -> None:
         self.fit()
+        self._seed_calibration()
+
+    def _seed_calibration(self) -> None:
+        """Observations saved with the profile, else each target's whole-model timing."""
+        saved = self.profile.extra.get("segments")
+        if saved:
+            self.calibration = Calibration.from_list(saved)
+            return
+        n = len(self.part.layers)
+        for target, ms in sorted(self.profile.extra.get("whole_ms", {}).items()):
+            pred = self.raw_segment_ms(target, 0, n)
+            if pred is not None:
+                self.calibration.add(Observation(target, 0, n, pred, float(ms), "profile"))
+        self.profile.extra["segments"] = self.calibration.as_list()
+
+    def raw_segment_ms(self, target: str, start: int, end: int) -> float | None:
+        """Uncalibrated prediction of one compiled segment: its layers plus one call."""
+        total = self.profile.overhead_ms.get(target, 0.0) * self.factors.get(target, 1.0)
+        for i in range(start, end):
+            cell = self.profile.cells[i].get(target)
+            if cell is None or cell.ms is None:
+                return None
+            total += self._net(i, target, cell.ms)
+        return total
+
+    def record(self, segments: list[tuple[str, int, int]], measured_ms: list[float]) -> None:
+        """Keep a plan's per-segment end-to-end times for the next predictions."""
+        for (target, s, e), ms in zip(segments, measured_ms, strict=True):
+            pred = self.raw_segment_ms(target, s, e)
+            if pred is not None:
+                self.calibration.add(Observation(target, s, e, pred, ms, "plan"))
+        self.profile.extra["segments"] = self.calibration.as_list()
 
     def samples(self, target: str) -> list[Sample]:
         prec = Target.parse(target).precision
@@ -118,6 +153,37 @@ class CostBuilder:
         now = model.predict(layer.flops, nbytes, freq)
         return now / then if then > 0 else 1.0
 
+    def segment_ms(self, table: CostTable, t: int, start: int, end: int) -> float:
+        """Calibrated prediction of one compiled segment, the hop into it included."""
+        raw = sum(table.layer_ms[i][t] or 0.0 for i in range(start, end)) + table.enter_ms[t]
+        f = self.calibration.factor(table.targets[t], start, end, len(self.part.layers))
+        return raw * f + (table.hop_ms[start] if start else 0.0)
+
+    def plan_ms(self, table: CostTable, assign: list[int]) -> float:
+        """Calibrated prediction of a whole assignment (inf when a layer is not eligible)."""
+        if any(table.layer_ms[i][t] is None for i, t in enumerate(assign)):
+            return float("inf")
+        return sum(self.segment_ms(table, t, s, e) for t, s, e in merge(assign))
+
+    def best(self) -> tuple[list[int], float, CostTable]:
+        """The DP's assignment or a whole model on one target, whichever predicts faster.
+
+        The DP adds layer costs; a target's whole model was timed end to end while
+        profiling and is often faster than its layer sum (fusion), so every all-one-target
+        plan is weighed at its calibrated (measured) cost as well.
+        """
+        table = self.table()
+        assign, _ = solve(table)
+        best = (assign, self.plan_ms(table, assign))
+        n = len(self.part.layers)
+        for t in range(len(table.targets)):
+            one = [t] * n
+            if one != best[0] and feasible(table, one):
+                cost = self.plan_ms(table, one)
+                if cost < best[1]:
+                    best = (one, cost)
+        return best[0], best[1], table
+
     def eligible(self, i: int, target: str) -> bool:
         if target in self.excluded:
             return False
@@ -133,11 +199,15 @@ class CostBuilder:
             return None
         cell = self.profile.cells[i][target]
         assert cell.ms is not None
+        return self._net(i, target, cell.ms)
+
+    def _net(self, i: int, target: str, ms: float) -> float:
         over = self.profile.overhead_ms.get(target, 0.0)
-        net = max(cell.ms - over, cell.ms * _MIN_NET_SHARE)
+        net = max(ms - over, ms * _MIN_NET_SHARE)
         return net * self.factors.get(target, 1.0) * self.freq_scale(target, i)
 
     def table(self) -> CostTable:
+        """The planner's layer costs (uncalibrated: see :meth:`plan_ms`)."""
         targets = list(self.profile.targets)
         n = len(self.part.layers)
         bw = max(self.profile.bandwidth_bytes_per_ms, 1.0)
@@ -163,6 +233,8 @@ class Plan:
     measured_ms: float | None = None
     error: float | None = None
     reason: str = "initial"
+    uncalibrated_ms: float | None = None     # the same plan as the sum of its layers
+    calibration: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def hash(self) -> str:
@@ -176,6 +248,11 @@ class Plan:
             "predicted_ms": round(self.predicted_ms, 4),
             "measured_ms": None if self.measured_ms is None else round(self.measured_ms, 4),
             "error": self.error, "reason": self.reason,
+            "predicted_vs_measured": None if not self.measured_ms
+            else round(self.predicted_ms / self.measured_ms, 3),
+            "uncalibrated_ms": None if self.uncalibrated_ms is None
+            else round(self.uncalibrated_ms, 4),
+            "calibration": self.calibration,
             "segments": [{"target": t, "layers": [s, e]} for t, s, e in self.segments],
             "layers": self.layers,
         }
@@ -183,8 +260,7 @@ class Plan:
 
 def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
     """Run the planner on the builder's current costs and describe the result."""
-    table = builder.table()
-    assign, cost = solve(table)
+    assign, cost, table = builder.best()
     names = [table.targets[t] for t in assign]
     layers = []
     for i, t in enumerate(assign):
@@ -204,4 +280,7 @@ def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
                                                   "predicted_ms": round(ru[1], 4)},
         })
     segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
-    return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason)
+    raw = plan_cost(table, assign)
+    return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
+                uncalibrated_ms=raw, calibration=builder.calibration.summary(
+                    segments, len(builder.part.layers)))

@@ -174,7 +174,7 @@ class Profiler:
         """Measure every (layer, target), the per-target overheads and the hop bandwidth."""
         n = len(self.part.layers)
         names = [str(t) for t in self.targets]
-        total = n * len(self.targets) + len(self.targets)
+        total = n * len(self.targets) + 2 * len(self.targets)
         done = 0
         self.reference_envs()
         cells: list[dict[str, Cell]] = []
@@ -192,8 +192,18 @@ class Profiler:
             done += 1
             if self.progress:
                 self.progress(done, total, f"hop overhead of {target}")
+        # each target's whole model, timed end to end: how a compiled segment compares with
+        # the sum of its layers (fusion, cache) is calibrated from these (see calibration.py)
+        whole: dict[str, float] = {}
+        for target in self.targets:
+            cell = self.measure(0, n, target) if n > 1 else cells[0][str(target)]
+            if cell.ms is not None:
+                whole[str(target)] = cell.ms
+            done += 1
+            if self.progress:
+                self.progress(done, total, f"whole model on {target}")
         return ProfileTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
-                            metric=self.metric)
+                            metric=self.metric, extra={"whole_ms": whole})
 
     def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
         """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""

@@ -1,5 +1,12 @@
 """Attach the dispatcher: ``daemon.dispatcher``, commands ``plan.get``/``plan.replan``, and
-replans on ``profile.applied``, ``thermal`` and ``backend.fault`` events."""
+replans on ``profile.applied``, ``thermal`` and ``backend.fault`` events.
+
+One clock move, one replan: the DVFS thermal guard moves profiles through the manager, which
+emits ``profile.applied`` (reason "thermal"), and then reports the same move as a ``thermal``
+event whose ``action`` is "fallback" or "return". The profile event already replans, so those
+``thermal`` events are ignored; a ``thermal`` event that changed no profile (no ``action``, or
+an action that moved nothing, e.g. "none" while the kernel throttles a hot zone) still replans.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOCK_EVENTS = ("profile.applied", "profile.restored", "thermal")
+# thermal actions that went through ProfileManager.apply, i.e. came with a profile.applied
+PROFILE_MOVES = ("fallback", "return")
 
 
 class PlanParams(BaseModel):
@@ -46,8 +55,11 @@ class DispatchService:
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
+        # events arrive on whichever thread emitted them; replans are scheduled on this loop
+        self._loop = asyncio.get_running_loop()
         self.daemon.events.subscribe(self._on_event)
         self.daemon.set_ready("dispatch", None)
 
@@ -61,6 +73,8 @@ class DispatchService:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
+        if kind == "thermal" and event.get("action") in PROFILE_MOVES:
+            return  # its profile.applied (reason "thermal") already replanned
         if kind in CLOCK_EVENTS:
             self._schedule(self._clocks(str(kind)))
         elif kind == "backend.fault" and "plan" not in event and event.get("target"):
@@ -68,9 +82,8 @@ class DispatchService:
             self._schedule(self._fault(str(event["target"])))
 
     def _schedule(self, coro: Any) -> None:
-        try:
-            loop = self.daemon.loop
-        except RuntimeError:
+        loop = self._loop
+        if loop is None or loop.is_closed():
             coro.close()
             return
 
