@@ -139,8 +139,19 @@ def test_report_energy_per_inference_and_token(tmp_path: Path, orin_tree: FakeBo
     assert llm["requests"] == 4 and llm["tokens"] == 100
     assert llm["inferences_per_s"] == pytest.approx(4 / 5.0)
     assert llm["tokens_per_s"] == pytest.approx(100 / 5.0)
-    assert llm["energy_per_inference_j"] == pytest.approx(window_energy / 4)
-    assert llm["energy_per_token_j"] == pytest.approx(window_energy / 100)
+    # power ramps 10 -> 20 W over the window: P(t) = 10 + 2 (t - 50)
+    def energy(a: float, b: float) -> float:
+        return 10 * (b - a) + (b - 50) ** 2 - (a - 50) ** 2
+
+    # llm ran [end - latency, end]; the last 20 ms of its [51.8, 52] shared with "cls"
+    llm_j = sum(energy(end - lat, end) for end, lat in ((51, .1), (52, .2), (53, .3), (54, .4)))
+    llm_j -= energy(51.98, 52.0) / 2
+    assert llm["energy_j"] == pytest.approx(llm_j)
+    assert llm["energy_per_inference_j"] == pytest.approx(llm_j / 4)
+    assert llm["energy_per_token_j"] == pytest.approx(llm_j / 100)
+    assert rep["models"]["cls"]["energy_j"] == pytest.approx(energy(51.98, 52.0) / 2)
+    assert rep["idle_energy_j"] == pytest.approx(window_energy - llm_j
+                                                 - energy(51.98, 52.0) / 2)
     assert llm["latency_p50_ms"] == pytest.approx(250.0)
     assert "energy_per_token_j" not in rep["models"]["cls"]   # no tokens: absent, not zero
 

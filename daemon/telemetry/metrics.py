@@ -23,10 +23,14 @@ _MODEL_GAUGES = (
      "Generated tokens per second over the last publish window"),
     ("latency_p50_ms", "edgepilot_model_latency_p50_seconds", "Median request latency"),
     ("latency_p95_ms", "edgepilot_model_latency_p95_seconds", "95th percentile request latency"),
+    ("energy_j", "edgepilot_model_window_energy_joules",
+     "Board energy while this model's requests ran (shared with concurrent ones), last window"),
+    ("busy_s", "edgepilot_model_busy_seconds",
+     "Sum of this model's request latencies over the last publish window"),
     ("energy_per_inference_j", "edgepilot_model_energy_per_inference_joules",
-     "Board energy over the window per inference of this model"),
+     "This model's share of the window's energy per inference (idle energy excluded)"),
     ("energy_per_token_j", "edgepilot_model_energy_per_token_joules",
-     "Board energy over the window per generated token of this model"),
+     "This model's share of the window's energy per generated token (idle energy excluded)"),
 )
 _MODEL_COUNTERS = (
     ("requests_total", "edgepilot_model_requests", "Requests served"),

@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
+from edgepilot.telemetry.apportion import Apportioned, PowerSample, apportion
 from edgepilot.telemetry.energy import EnergyIntegrator
 from edgepilot.telemetry.seq import PersistentSeq
 from edgepilot.telemetry.work import WorkStats
@@ -34,6 +36,8 @@ Extra = Callable[[], Mapping[str, Any]]
 # the board's energy_j is its raw energy counters (RAPL), ours is the integral of power_w
 _RENAMED = {"energy_j": "board_energy_j"}
 _SKIPPED = ("ts",)
+# power samples kept for apportioning: a window of up to 3600 s at 10 Hz, plus slack
+_MAX_POWER_SAMPLES = 40_000
 
 
 class BoardSampleLike(Protocol):
@@ -89,6 +93,8 @@ class TelemetrySampler:
         self._board_error: str | None = None
         self._window_t: float | None = None
         self._window_energy = 0.0
+        self._power: deque[PowerSample] = deque(maxlen=_MAX_POWER_SAMPLES)
+        self._window_sample_t: float | None = None  # first power sample of the open window
         self._task: asyncio.Task[None] | None = None
 
     # ---- wiring -----------------------------------------------------------------------------
@@ -128,6 +134,8 @@ class TelemetrySampler:
         out: dict[str, Any] = {"ts": round(time.time(), 3)}
         power = raw.board.power_w if raw.board is not None else None
         self.energy.add(t, power)
+        if not self._power or t > self._power[-1][0]:  # the integrator ignores the others too
+            self._power.append((t, power))
         if raw.board is not None:
             for key, value in raw.board.as_dict().items():
                 if key not in _SKIPPED and _present(value):
@@ -167,7 +175,18 @@ class TelemetrySampler:
                                         state="normal")
 
     # ---- reports ----------------------------------------------------------------------------
-    def _models(self, window_s: float, energy_j: float | None,
+    def _apportion(self, since: float | None) -> Apportioned | None:
+        """The energy of the power samples from ``since`` on, split between models by the time
+        their requests ran (None without a power sensor)."""
+        if not self.energy.started:
+            return None
+        samples = [s for s in self._power if since is None or s[0] >= since]
+        if len(samples) < 2:
+            return Apportioned()
+        busy = self.daemon.work.intervals(samples[0][0], samples[-1][0])
+        return apportion(samples, busy)
+
+    def _models(self, window_s: float, shares: Apportioned | None,
                 now: float) -> dict[str, dict[str, Any]]:
         stats: dict[str, WorkStats] = self.daemon.work.window(window_s, now=now)
         out: dict[str, dict[str, Any]] = {}
@@ -184,11 +203,16 @@ class TelemetrySampler:
                 m["latency_p50_ms"] = round(s.latency_p50_ms, 3)
             if s.latency_p95_ms is not None:
                 m["latency_p95_ms"] = round(s.latency_p95_ms, 3)
-            # the whole board's energy over the window, per unit of this model's work in it
-            if energy_j is not None and s.requests:
-                m["energy_per_inference_j"] = round(energy_j / s.requests, 6)
-            if energy_j is not None and s.tokens:
-                m["energy_per_token_j"] = round(energy_j / s.tokens, 6)
+            m["busy_s"] = round(s.busy_s, 6)
+            # this model's share of the window's energy (the board's power while its requests
+            # ran, shared with concurrent ones), per unit of its work; idle energy is not in it
+            energy_j = shares.models_j.get(name, 0.0) if shares is not None else 0.0
+            if energy_j > 0.0:
+                m["energy_j"] = round(energy_j, 6)
+                if s.requests:
+                    m["energy_per_inference_j"] = round(energy_j / s.requests, 6)
+                if s.tokens:
+                    m["energy_per_token_j"] = round(energy_j / s.tokens, 6)
             out[name] = m
         return out
 
@@ -210,11 +234,15 @@ class TelemetrySampler:
         msg: Report = {"seq": self.seq.next(), **self._latest}
         msg["ts"] = round(time.time(), 3)
         msg["window_s"] = round(window_s, 3)
+        shares = self._apportion(self._window_sample_t)
         if energy is not None:
             msg["window_energy_j"] = round(energy, 6)
-        msg["models"] = self._models(window_s, energy, t)
+        if shares is not None:
+            msg["idle_energy_j"] = round(shares.idle_j, 6)
+        msg["models"] = self._models(window_s, shares, t)
         msg.update(self._extras_dict())
         self._window_t, self._window_energy = t, self.energy.energy_j
+        self._close_power_window(t)
         self._last_report = msg
         for fn in list(self._listeners):
             try:
@@ -222,6 +250,16 @@ class TelemetrySampler:
             except Exception:  # one broken listener must not stop the others or the sampler
                 log.exception("telemetry listener %r failed", fn)
         return msg
+
+    def _close_power_window(self, now: float) -> None:
+        # the next window starts at the last sample (the integrator's window does too); keep
+        # what a snapshot over the trailing publish period needs, drop the rest
+        if self._power:
+            self._window_sample_t = self._power[-1][0]
+        keep_from = min(self._window_sample_t or now,
+                        now - 2 * self.daemon.config.telemetry.publish_interval_s)
+        while len(self._power) > 1 and self._power[1][0] <= keep_from:
+            self._power.popleft()
 
     def latest(self) -> dict[str, Any]:
         """The last sample (empty before the first)."""
@@ -231,11 +269,9 @@ class TelemetrySampler:
         """Latest sample plus work over the publish period so far; ``seq`` = last published."""
         t = time.monotonic()
         window_s = self.daemon.config.telemetry.publish_interval_s
-        energy = None
-        if self.energy.started and self._last_report is not None:
-            energy = self._last_report.get("window_energy_j")
+        shares = self._apportion(t - window_s)
         out: dict[str, Any] = {"seq": self.seq.last, **self._latest,
-                               "models": self._models(window_s, energy, t)}
+                               "models": self._models(window_s, shares, t)}
         out.update(self._extras_dict())
         return out
 

@@ -29,6 +29,7 @@ class WorkStats:
     latency_p50_ms: float | None
     latency_p95_ms: float | None
     plan: str | None = None
+    busy_s: float = 0.0  # sum of the window's request latencies
 
 
 class WorkMeter:
@@ -76,5 +77,18 @@ class WorkMeter:
                     inferences_per_s=len(recent) / window_s, tokens_per_s=tokens / window_s,
                     latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else None,
                     latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else None,
-                    plan=self._plans.get(model))
+                    plan=self._plans.get(model),
+                    busy_s=float(sum(r[1] for r in recent)))
+        return out
+
+    def intervals(self, start: float, end: float) -> dict[str, list[tuple[float, float]]]:
+        """Per model, the (start, end) of each request that ran during [start, end], clipped to
+        it (a request is its end time minus its latency); models without any are absent."""
+        out: dict[str, list[tuple[float, float]]] = {}
+        with self._lock:
+            for model, records in self._records.items():
+                spans = [(max(t - lat, start), min(t, end)) for t, lat, _ in records
+                         if t > start and t - lat < end]
+                if spans:
+                    out[model] = spans
         return out
