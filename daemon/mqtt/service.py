@@ -21,6 +21,7 @@ from edgepilot.mqtt.commands import CommandTransport
 from edgepilot.mqtt.discovery import Discovery
 from edgepilot.mqtt.link import MqttLink
 from edgepilot.mqtt.outbox import Outbox, OutMessage
+from edgepilot.mqtt.spool import SPOOL_FILE
 from edgepilot.mqtt.topics import Topics
 from edgepilot.status import status_snapshot
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SPOOL_FILE = "mqtt-spool.jsonl"
 SPOOL_PERIOD_S = 1.0  # how stale the spool file may get (written only when the buffer changed)
 # events after which the retained status is refreshed (it carries profile, backends)
 _STATUS_EVENTS = ("profile.", "model.", "config.reloaded")

@@ -21,7 +21,7 @@ import psutil
 
 from edgepilot.telemetry.apportion import Apportioned, PowerSample, apportion
 from edgepilot.telemetry.energy import EnergyIntegrator
-from edgepilot.telemetry.seq import PersistentSeq
+from edgepilot.telemetry.seq import SEQ_FILE, PersistentSeq
 from edgepilot.telemetry.work import WorkStats
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class TelemetrySampler:
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
-        self.seq = PersistentSeq(daemon.state_dir / "telemetry.seq")
+        self.seq = PersistentSeq(daemon.state_dir / SEQ_FILE)
         self.energy = EnergyIntegrator()
         self._listeners: list[Listener] = []
         self._extras: list[Extra] = []

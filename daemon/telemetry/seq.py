@@ -17,6 +17,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+SEQ_FILE = "telemetry.seq"  # in the state dir
+
 
 class PersistentSeq:
     """Thread-safe strictly increasing counter persisted at ``path``."""

@@ -1,0 +1,69 @@
+"""What the MQTT spool and the telemetry sequence file in the state dir hold, for ``doctor``.
+
+Pure file reads (no broker, no paho): safe to call while the daemon runs, since both files are
+replaced atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from pathlib import Path
+from typing import Any
+
+from edgepilot.telemetry.seq import SEQ_FILE
+
+SPOOL_FILE = "mqtt-spool.jsonl"
+
+
+def spool_info(state_dir: Path) -> dict[str, Any]:
+    """Describe ``<state_dir>/mqtt-spool.jsonl`` and ``<state_dir>/telemetry.seq``.
+
+    Keys: ``spool_path``, ``spool_exists``, ``size_bytes``, ``messages`` (readable lines),
+    ``telemetry_messages`` (those whose payload carries a ``seq``), ``unreadable_lines``,
+    ``first_seq``/``last_seq`` (of the spooled telemetry, None when there is none),
+    ``seq_path``, ``seq_recorded`` (the number in the seq file: the exact last seq after a clean
+    stop, an upper bound after a crash; None when absent or unreadable) and ``errors`` (why a
+    file could not be read; empty when both were fine).
+    """
+    state_dir = Path(state_dir)
+    spool, seq_path = state_dir / SPOOL_FILE, state_dir / SEQ_FILE
+    info: dict[str, Any] = {
+        "spool_path": str(spool), "spool_exists": spool.is_file(), "size_bytes": 0,
+        "messages": 0, "telemetry_messages": 0, "unreadable_lines": 0,
+        "first_seq": None, "last_seq": None,
+        "seq_path": str(seq_path), "seq_recorded": None, "errors": []}
+    if info["spool_exists"]:
+        try:
+            info["size_bytes"] = spool.stat().st_size
+            with open(spool, encoding="ascii") as fh:
+                for line in fh:
+                    _count_line(info, line)
+        except (OSError, UnicodeDecodeError) as exc:
+            info["errors"].append(f"cannot read {spool}: {exc}")
+    try:
+        info["seq_recorded"] = int(seq_path.read_text(encoding="ascii").strip())
+    except FileNotFoundError:
+        pass
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        info["errors"].append(f"cannot read {seq_path}: {exc}")
+    return info
+
+
+def _count_line(info: dict[str, Any], line: str) -> None:
+    try:
+        payload = base64.b64decode(json.loads(line)["payload"], validate=True)
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        info["unreadable_lines"] += 1  # e.g. a torn last line after a crash
+        return
+    info["messages"] += 1
+    try:
+        seq = json.loads(payload).get("seq")
+    except (ValueError, AttributeError):
+        return  # not a JSON object: an event or foreign payload, not telemetry
+    if isinstance(seq, int) and not isinstance(seq, bool):
+        info["telemetry_messages"] += 1
+        if info["first_seq"] is None:
+            info["first_seq"] = seq
+        info["last_seq"] = seq
