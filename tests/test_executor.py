@@ -106,3 +106,40 @@ def test_one_segment_plan_is_handed_straight_to_its_runtime(
     with pytest.raises(SegmentFault) as err:
         md.compiled.run(feed)
     assert err.value.target == str(FP32)
+
+
+def test_all_one_target_plan_is_the_single_target_session(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    """The plan's one segment is the original file with the single target's variant recipe:
+    the very bytes a single-target load gives onnxruntime, the model's own inputs/outputs."""
+    import hashlib
+
+    import onnx
+
+    from edgepilot.backends.onnxrt import OrtExecutable
+    from edgepilot.backends.onnxrt_variants import VariantCache, model_bytes
+
+    int8 = Target("onnxruntime", "cpu", "int8")
+    for targets, recipe in (([FP32], "fp32"), ([FP32, int8], "int8-dynamic")):
+        md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, targets,
+                           DispatchOptions(tolerance=0.1, runs=3, warmup=1))
+        plan = md.prepare()
+        assert md.compiled is not None and md.part is not None
+        n = len(md.part.layers)
+        assert plan.segments == [(str(targets[-1]), 0, n)]
+        seg = md.compiled.segments[0]
+        assert seg.segment.is_whole and seg.segment.layers is None
+        assert seg.segment.inputs == md.part.inputs and seg.segment.outputs == md.part.outputs
+        exe = seg.exe
+        assert isinstance(exe, OrtExecutable)
+        # what `bench` times as the single target, compiled independently of the plan
+        single = ort_backend.compile(md.part.segment(0, n), targets[-1])
+        assert isinstance(single, OrtExecutable)
+        assert exe.model_sha256 == single.model_sha256
+        # and both are the file itself made into the recipe, by a cache that shares nothing
+        fresh = VariantCache(None, "independent").get(onnx.load(str(mlp_path)), recipe)
+        if recipe == "fp32":
+            assert fresh == model_bytes(onnx.load(str(mlp_path)))
+        assert exe.model_sha256 == hashlib.sha256(fresh).hexdigest()
+        assert [i.name for i in exe.inputs] == [i.name for i in single.inputs]
+        assert [o.name for o in exe.outputs] == [o.name for o in single.outputs]

@@ -111,14 +111,15 @@ def fit(samples: Sequence[Sample], freq_khz: float = 0.0) -> Roofline:
     b0 = float(np.median(by / np.maximum(ms - o0, 1e-6))) * 4
 
     def loss(x: np.ndarray) -> float:
-        c, b, o = np.exp(x)
+        # Nelder-Mead may wander far on flat losses (one or two samples): clip, never overflow
+        c, b, o = np.exp(np.clip(x, -60.0, 60.0))
         pred = np.maximum(fl / c, by / b) + o
         return float(np.sum(np.log(pred / ms) ** 2))
 
     best = _nelder_mead(loss, np.log([c0, b0, max(o0, 1e-6)]))
     # a restart from the best point escapes most of Nelder-Mead's early stalls
     best = _nelder_mead(loss, best, step=0.3)
-    c, b, o = (float(v) for v in np.exp(best))
+    c, b, o = (float(v) for v in np.exp(np.clip(best, -60.0, 60.0)))
     return Roofline(c, b, o, freq_khz)
 
 

@@ -223,11 +223,21 @@ class Dispatcher:
         result: dict[str, Any] = await self.run_blocking(work)
         return result
 
-    def clocks_changed(self, reason: str) -> None:
-        """DVFS profile applied or a thermal event: re-predict every planned model (blocking)."""
-        self.clock_replans.append(reason)
+    def clocks_changed(self, reason: str, only_if_moved: bool = False) -> bool:
+        """DVFS profile applied or a thermal event: re-predict every planned model (blocking).
+
+        ``only_if_moved`` (thermal reports that changed no profile) skips models whose clocks
+        are what they were planned at: a zone crossing its warning level is not a clock move,
+        the kernel throttling a hot zone is. Returns whether anything was re-predicted.
+        """
         freqs = board_freqs(self.board)
-        for md in self.prepared():
+        models = self.prepared()
+        if only_if_moved:
+            models = [md for md in models if md.freqs != freqs]
+            if not models:
+                return False
+        self.clock_replans.append(reason)
+        for md in models:
             try:
                 if isinstance(md, GgufDispatch):
                     md.key_parts["profile"] = getattr(self.profiles, "active_name", None)
@@ -236,3 +246,4 @@ class Dispatcher:
                 md.set_clocks(freqs, reason)
             except Exception:
                 log.exception("replan of %s after %s failed; keeping its plan", md.name, reason)
+        return True

@@ -158,7 +158,7 @@ class ModelDispatch:
         for target, s, e in plan.segments:
             pred = self.builder.segment_ms(table, table.targets.index(target), s, e)
             # [0, n) is Segment(layers=None): the original file, the model's own inputs and
-            # outputs, the same variant recipe a single-target load uses (test_plan_whole)
+            # outputs, the same variant recipe a single-target load uses (test_executor.py)
             seg = self.part.segment(s, e)
             exe = self._backend(Target.parse(target)).compile(seg, Target.parse(target))
             segs.append(CompiledSegment(target, s, e, seg, exe, pred))

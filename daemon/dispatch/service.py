@@ -4,8 +4,9 @@ replans on ``profile.applied``, ``thermal`` and ``backend.fault`` events.
 One clock move, one replan: the DVFS thermal guard moves profiles through the manager, which
 emits ``profile.applied`` (reason "thermal"), and then reports the same move as a ``thermal``
 event whose ``action`` is "fallback" or "return". The profile event already replans, so those
-``thermal`` events are ignored; a ``thermal`` event that changed no profile (no ``action``, or
-an action that moved nothing, e.g. "none" while the kernel throttles a hot zone) still replans.
+``thermal`` events are ignored. Any other ``thermal`` event (the sampler's warning crossing, the
+guard's "none"/"..._failed") changed no profile: it replans only the models whose clocks moved
+since they were planned (the kernel throttling a hot zone), so it never doubles a move either.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ class DispatchService:
         for task in list(self._tasks):
             task.cancel()
 
+    async def idle(self) -> None:
+        """Wait until the replans scheduled so far have finished."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def reload(self, old: Any, new: Any) -> None:
         self.daemon.dispatcher.config = new
 
@@ -76,7 +82,7 @@ class DispatchService:
         if kind == "thermal" and event.get("action") in PROFILE_MOVES:
             return  # its profile.applied (reason "thermal") already replanned
         if kind in CLOCK_EVENTS:
-            self._schedule(self._clocks(str(kind)))
+            self._schedule(self._clocks(str(kind), only_if_moved=kind == "thermal"))
         elif kind == "backend.fault" and "plan" not in event and event.get("target"):
             # a fault reported by someone else (a backend at load); ours carry "plan"
             self._schedule(self._fault(str(event["target"])))
@@ -94,8 +100,9 @@ class DispatchService:
 
         loop.call_soon_threadsafe(spawn)
 
-    async def _clocks(self, reason: str) -> None:
-        await self.daemon.run_blocking(self.daemon.dispatcher.clocks_changed, reason)
+    async def _clocks(self, reason: str, only_if_moved: bool) -> None:
+        await self.daemon.run_blocking(self.daemon.dispatcher.clocks_changed, reason,
+                                       only_if_moved)
 
     async def _fault(self, target: str) -> None:
         def work() -> None:

@@ -1,0 +1,67 @@
+"""Segment calibration: predictions come from earlier end-to-end timings, never from the
+measurement they are compared with; whole-model ratios predict whole models only."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import dispatch_fixtures
+import pytest
+
+from edgepilot.backends.base import Target
+from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.dispatch.calibration import Calibration, Observation
+from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+from edgepilot.dispatch.plan_cache import PlanCache
+
+mlp_path = dispatch_fixtures.mlp_path
+ort_backend = dispatch_fixtures.ort_backend
+FP32 = Target("onnxruntime", "cpu", "fp32")
+
+
+def test_factor_uses_the_same_range_then_partial_segments_never_the_whole() -> None:
+    cal = Calibration([])
+    cal.add(Observation("t", 0, 4, 1.0, 0.5, "profile"))     # whole model ran at half its sum
+    assert cal.factor("t", 0, 4, 4) == 0.5
+    assert cal.factor("t", 0, 2, 4) == 1.0                   # not applied to a part
+    assert cal.factor("other", 0, 4, 4) == 1.0
+    cal.add(Observation("t", 2, 4, 1.0, 1.2))
+    cal.add(Observation("t", 1, 3, 1.0, 1.4))
+    assert cal.factor("t", 2, 4, 4) == pytest.approx(1.2)    # its own measurement first
+    assert cal.factor("t", 0, 1, 4) == pytest.approx(1.3)    # median of partial segments
+    cal.add(Observation("t", 0, 4, 1.0, 50.0))               # a broken timing is refused
+    assert cal.factor("t", 0, 4, 4) == 0.5
+    again = Calibration.from_list(cal.as_list())
+    assert again.observations == cal.observations
+
+
+def test_plans_are_predicted_from_earlier_timings_only(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend, tmp_path: Path) -> None:
+    cache = PlanCache(tmp_path / "plans")
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, [FP32],
+                       DispatchOptions(runs=3, warmup=1), cache=cache)
+    plan = md.prepare()
+    assert md.builder is not None and plan.measured_ms is not None
+    obs = md.builder.calibration.observations
+    assert [o.source for o in obs] == ["profile", "plan"]
+    # the first plan is the whole file: predicted by the profile's whole-model timing ...
+    whole = md.builder.profile.extra["whole_ms"][str(FP32)]
+    assert plan.predicted_ms == pytest.approx(whole)
+    assert plan.uncalibrated_ms == pytest.approx(obs[0].predicted_ms)
+    # ... and its own check became an observation only after it was reported
+    assert obs[1].measured_ms != whole
+    assert plan.as_dict()["predicted_vs_measured"] == round(plan.predicted_ms /
+                                                            plan.measured_ms, 3)
+    # the observations travel with the cached profile: a restart predicts from them
+    md2 = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, [FP32],
+                        DispatchOptions(runs=3, warmup=1), cache=cache)
+    plan2 = md2.prepare()
+    assert md2.from_cache and md2.builder is not None
+    obs2 = md2.builder.calibration.observations
+    assert [o.source for o in obs2] == ["profile", "plan", "plan"]
+    assert obs2[:2] == obs[:2]
+    # predicted from the two earlier timings; its own (the third) came after
+    assert plan2.predicted_ms == pytest.approx(
+        obs2[0].predicted_ms * statistics.median([obs2[0].ratio, obs2[1].ratio]))
+    assert obs2[2].measured_ms != obs2[1].measured_ms
