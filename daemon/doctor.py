@@ -100,12 +100,14 @@ def collect(config: Config, backends: list[str] | None = None) -> dict[str, Any]
     from edgepilot.selftest import as_dicts, run_selftests
 
     results = run_selftests(config, backends)
+    from edgepilot.mqtt import spool_info
+
     return {
         "version": __version__,
         "board": board_report(config),
         "backends": as_dicts(results),
         "state_dir": check_state_dir(config.state_dir),
-        "mqtt": check_mqtt(config),
+        "mqtt": {**check_mqtt(config), "spool": spool_info(config.state_dir)},
     }
 
 
@@ -156,6 +158,14 @@ def render(report: dict[str, Any]) -> str:
     mq = report["mqtt"]
     state = {True: "reachable", False: "UNREACHABLE", None: "not checked"}[mq["reachable"]]
     lines.append(f"mqtt {mq['host']}:{mq['port']} (v{mq['protocol']}): {state} ({mq['reason']})")
+    spool = mq.get("spool") or {}
+    if spool.get("spool_exists"):
+        lines.append(f"  spool: {spool.get('messages')} message(s) waiting, telemetry seq "
+                     f"{spool.get('first_seq')}..{spool.get('last_seq')}")
+    if spool.get("seq_recorded") is not None:
+        lines.append(f"  last telemetry seq recorded: {spool['seq_recorded']}")
+    for err in spool.get("errors") or []:
+        lines.append(f"  spool problem: {err}")
     return "\n".join(lines)
 
 
