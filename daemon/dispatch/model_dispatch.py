@@ -26,7 +26,7 @@ from edgepilot.dispatch.monitor import Monitor, worth_switching
 from edgepilot.dispatch.partition import Partition, partition
 from edgepilot.dispatch.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
-from edgepilot.dispatch.planner import CostTable
+from edgepilot.dispatch.planner import CostTable, plan_cost
 from edgepilot.dispatch.profiler import MAX_RUNS, MIN_TIMED_MS, Profiler, ProfileTable, Progress
 from edgepilot.dispatch.targets import reference_target
 from edgepilot.dispatch.tolerance import output_error
@@ -208,9 +208,10 @@ class ModelDispatch:
         with self._lock:
             if self.builder is None or self.plan is None or self.compiled is None:
                 return True, self.prepare()
-            assign, new_cost, table = self.builder.best()
+            # decide on layer costs (like the DP); calibration only sharpens the predictions
+            assign, _, table = self.builder.best()
             current = [table.targets.index(t) for t in self.plan.targets]
-            current_cost = self.builder.plan_ms(table, current)
+            current_cost, new_cost = plan_cost(table, current), plan_cost(table, assign)
             if assign == current or not (force or current_cost == float("inf")
                                          or worth_switching(current_cost, new_cost,
                                                             self.opts.hysteresis)):
