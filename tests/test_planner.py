@@ -12,6 +12,7 @@ from edgepilot.dispatch.planner import (
     feasible,
     merge,
     plan_cost,
+    prefer_single,
     runner_up,
     solve,
 )
@@ -80,3 +81,19 @@ def test_memory_budget_moves_layers_and_infeasible_is_an_error() -> None:
     with pytest.raises(PlanError) as err:
         solve(table)
     assert err.value.field == "budgets"
+
+
+def test_a_split_must_beat_the_best_single_target_by_the_margin() -> None:
+    # two targets that are nearly equal per layer: the DP may alternate, gaining less than the
+    # margin, which the noise of a busy board would eat; the whole model on one runtime is kept
+    close = CostTable(["a", "b"], [[1.0, 1.02], [1.0, 0.97], [1.0, 1.01]],
+                      [0.0, 0.0], [0.0, 0.01, 0.01])
+    assign, cost = solve(close)
+    assert len(merge(assign)) > 1
+    assert prefer_single(close, assign, 0.05) == [0, 0, 0]
+    # a split that wins big is kept
+    wide = CostTable(["a", "b"], [[1.0, 3.0], [3.0, 1.0], [1.0, 3.0]],
+                     [0.0, 0.0], [0.0, 0.01, 0.01])
+    assign, cost = solve(wide)
+    assert prefer_single(wide, assign, 0.05) == assign == [0, 1, 0]
+    assert cost < plan_cost(wide, [0, 0, 0]) * 0.95

@@ -132,7 +132,8 @@ class ModelDispatch:
                 profile = profiler.profile()
                 profile.freqs = dict(self.freqs)
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
-                                       freqs=dict(self.freqs), budgets=dict(self.budgets))
+                                       freqs=dict(self.freqs), budgets=dict(self.budgets),
+                                       split_margin=self.opts.hysteresis)
             reason = "cache" if self.from_cache else "reprofile" if reprofile else "initial"
             plan, compiled = self._build(reason)
             if self.cache is not None:

@@ -20,7 +20,14 @@ from edgepilot.dispatch import costmodel
 from edgepilot.dispatch.calibration import Calibration, Observation
 from edgepilot.dispatch.costmodel import LinearCost, Roofline, Sample
 from edgepilot.dispatch.partition import Layer, Partition
-from edgepilot.dispatch.planner import CostTable, merge, plan_cost, runner_up, solve
+from edgepilot.dispatch.planner import (
+    CostTable,
+    merge,
+    plan_cost,
+    prefer_single,
+    runner_up,
+    solve,
+)
 from edgepilot.dispatch.profiler import ProfileTable
 
 # a layer never costs less than this share of its standalone time, whatever the overhead says
@@ -53,6 +60,7 @@ class CostBuilder:
     rooflines: dict[str, Roofline] = field(default_factory=dict)
     linear: dict[tuple[str, str], LinearCost] = field(default_factory=dict)
     calibration: Calibration = field(default_factory=lambda: Calibration([]))
+    split_margin: float = 0.05  # a split must beat the best single target by this fraction
 
     def __post_init__(self) -> None:
         self.fit()
@@ -174,6 +182,7 @@ class CostBuilder:
         """
         table = self.table()
         assign, _ = solve(table)
+        assign = prefer_single(table, assign, self.split_margin)
         return assign, self.plan_ms(table, assign), table
 
     def eligible(self, i: int, target: str) -> bool:

@@ -179,3 +179,24 @@ def runner_up(table: CostTable, i: int, chosen: int) -> tuple[int, float] | None
         return None
     c, t = min(options)
     return t, c
+
+
+def prefer_single(table: CostTable, assign: list[int], margin: float) -> list[int]:
+    """Keep a multi-target ``assign`` only when it is predicted to beat the best single-target
+    plan by more than ``margin`` (a fraction); otherwise return that single-target plan.
+
+    A split pays hops whose cost is measured on a noisy board, while an all-one-target plan is
+    exactly the whole model on that runtime: a split predicted to win by less than the noise is
+    more likely to lose than to win.
+    """
+    if len(merge(assign)) <= 1:
+        return assign
+    n = table.n_layers
+    singles = [[t] * n for t in range(len(table.targets))]
+    singles = [s for s in singles if feasible(table, s) and plan_cost(table, s) < INF]
+    if not singles:
+        return assign
+    best = min(singles, key=lambda s: plan_cost(table, s))
+    if plan_cost(table, assign) < plan_cost(table, best) * (1.0 - margin):
+        return assign
+    return best
