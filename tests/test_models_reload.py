@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,11 @@ def test_readyz_names_a_configured_model_that_failed_to_load(tmp_path: Path) -> 
            f'sha256 = "{wrong}"\n')
     d = DaemonProcess(tmp_path, cfg).start()
     try:
+        deadline = time.monotonic() + 60
         body = d.wait_for("/readyz", 503, timeout=60)
+        while "failed" not in body["reasons"].get("models", "") and time.monotonic() < deadline:
+            time.sleep(0.1)  # 503 "loading models" comes first, while start-up runs
+            body = d.wait_for("/readyz", 503, timeout=60)
         assert "model 'm' failed to load" in body["reasons"]["models"]
         assert "sha256" in body["reasons"]["models"]
         assert d.request("GET", "/healthz")[0] == 200
