@@ -228,6 +228,12 @@ class DispatchSection(Section):
                                     description="Random calibration inputs errors are measured on.")
     max_layers: int = Field(48, ge=1, le=1024,
                             description="Most layers a model is cut into (tiny ones coalesced).")
+    profile_passes: int = Field(
+        2, ge=1, le=10, description="Passes over all (layer, target) cells when profiling; "
+        "each cell keeps its lowest median (load on a shared board only adds time).")
+    kernel_corpus: bool = Field(
+        True, description="Predict layers from a per-board kernel corpus (synthetic one-operator "
+        "models timed once per target on the first plan, cached in the state dir).")
     memory_budgets_mb: dict[str, int] = Field(
         default_factory=dict, description="Memory budget per device (cpu, gpu, npu ...) in MB; "
         "cpu defaults to [backends] memory_budget_mb when that is set.")

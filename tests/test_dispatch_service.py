@@ -52,7 +52,7 @@ def test_a_thermal_fallback_replans_once(fake_board, tmp_path: Path,  # type: ig
                    "model_dir": str(models), "demo_models": False},
         "dvfs": {"profile": "performance", "nvpmodel": str(BIN_DIR / "nvpmodel"),
                  "jetson_clocks": str(BIN_DIR / "jetson_clocks"), "thermal_dwell_s": 0},
-        "dispatch": {"profile_runs": 3, "warmup_runs": 1,
+        "dispatch": {"profile_runs": 3, "warmup_runs": 1, "kernel_corpus": False,
                      "targets": ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"]},
         "telemetry": {"sample_interval_s": 0.1, "publish_interval_s": 3600}})
     daemon = Daemon(config)

@@ -54,6 +54,9 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     check_plan_shape(plan)
     assert plan["model"] == "tf" and not plan["from_cache"]
     assert list((tmp_path / "st" / "plans").glob("tf-*.json"))
+    # the first plan on this board measured the kernel corpus of every target, once
+    assert len(list((tmp_path / "st" / "corpus").glob("onnxruntime_cpu_*.json"))) == 3
+    assert all(layer["roofline_ms"] > 0 for layer in plan["layers"])
     again = json.loads(cli(tmp_path, "plan", "tf", "--json").stdout)
     assert again["from_cache"] and again["hash"] == plan["hash"]
     text = cli(tmp_path, "plan", "tf")
@@ -79,7 +82,9 @@ def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -> None:
     models(tmp_path)
-    cfg = CONFIG + f'[daemon]\nmodel_dir = "{tmp_path / "models"}"\ndemo_models = false\n'
+    # the corpus is the CLI test's; here it would only add its measuring time
+    cfg = CONFIG.replace("[dispatch]\n", "[dispatch]\nkernel_corpus = false\n") \
+        + f'[daemon]\nmodel_dir = "{tmp_path / "models"}"\ndemo_models = false\n'
     d = daemon_factory(cfg).start()
     try:
         status, plan = d.request("GET", "/v1/plan/tf")

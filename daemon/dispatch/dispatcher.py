@@ -8,6 +8,7 @@ plans when an operator or the board asks. Blocking work runs through ``run_block
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections import deque
@@ -19,10 +20,12 @@ import numpy as np
 
 from edgepilot import __version__
 from edgepilot.backends import load_backend
-from edgepilot.backends.base import Backend, BackendUnavailable
+from edgepilot.backends.base import Backend, BackendUnavailable, Target
 from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config
+from edgepilot.dispatch.corpus import CorpusStore
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufOptions, GgufPlan
+from edgepilot.dispatch.kernels import KernelModel
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.plan_cache import PlanCache
 from edgepilot.dispatch.profiler import Progress
@@ -64,6 +67,8 @@ class Dispatcher:
         self._backends = backends
         self._models: dict[str, AnyDispatch] = {}
         self._lock = threading.Lock()
+        self._corpora: dict[str, CorpusStore] = {}
+        self._corpus_lock = threading.Lock()
         # why re-prediction ran, most recent last (status/debugging: one entry per clock move)
         self.clock_replans: deque[str] = deque(maxlen=50)
 
@@ -105,6 +110,24 @@ class Dispatcher:
         return {"board": board_id(self.board),
                 "profile": getattr(self.profiles, "active_name", None),
                 "runtimes": runtime_versions(self.backends), "edgepilot": __version__}
+
+    def corpus_store(self) -> CorpusStore:
+        """The kernel corpus for the board and DVFS profile in force now."""
+        parts = {"board": board_id(self.board),
+                 "profile": getattr(self.profiles, "active_name", None)}
+        key = json.dumps(parts, sort_keys=True, default=str)
+        with self._lock:
+            store = self._corpora.get(key)
+            if store is None:
+                store = self._corpora[key] = CorpusStore(self.config.state_dir / "corpus", parts)
+            return store
+
+    def kernel_models(self, targets: list[Target], progress: Progress | None = None
+                      ) -> dict[str, KernelModel]:
+        """Kernel-corpus fits of ``targets``: measured on first use, then cached."""
+        store = self.corpus_store()
+        with self._corpus_lock:  # two models planned at once measure the corpus once
+            return store.for_targets(self.backends, targets, progress)
 
     def budgets(self) -> dict[str, float]:
         mb = self.config.backends.memory_budget_mb
@@ -173,14 +196,16 @@ class Dispatcher:
         opts = DispatchOptions(tolerance=tol if tol is not None else d.tolerance,
                                metric=d.metric, runs=d.profile_runs, warmup=d.warmup_runs,
                                drift_threshold=d.drift_threshold, hysteresis=d.hysteresis,
-                               calibration_inputs=d.calibration_inputs, max_layers=d.max_layers)
+                               calibration_inputs=d.calibration_inputs, max_layers=d.max_layers,
+                               passes=d.profile_passes)
         targets = available_targets(self.backends, d.targets)
         if not targets:
             raise PlanError("no inference backend is available; run `edgepilot doctor`",
                             field="backends")
         md = ModelDispatch(key, path, self.backends, targets, opts, cache=self.cache,
                            key_parts=self.key_parts(), freqs=board_freqs(self.board),
-                           budgets=self.budgets(), progress=self.progress, emit=self.emit)
+                           budgets=self.budgets(), progress=self.progress, emit=self.emit,
+                           corpus=self.kernel_models if d.kernel_corpus else None)
         with self._lock:
             return self._models.setdefault(name, md)
 

@@ -22,6 +22,7 @@ import numpy as np
 from edgepilot.backends.base import Backend, Executable, Target
 from edgepilot.dispatch.calibration import time_plan
 from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
+from edgepilot.dispatch.kernels import KernelModel
 from edgepilot.dispatch.monitor import Monitor, worth_switching
 from edgepilot.dispatch.partition import Partition, partition
 from edgepilot.dispatch.plan import CostBuilder, Plan, choose
@@ -35,6 +36,8 @@ from edgepilot.errors import EdgepilotError, PlanError
 log = logging.getLogger(__name__)
 
 Emit = Callable[..., Any]
+# (targets, progress) -> kernel models per target name (the dispatcher's CorpusStore)
+CorpusProvider = Callable[[list[Target], Progress | None], dict[str, KernelModel]]
 
 
 @dataclass
@@ -47,6 +50,7 @@ class DispatchOptions:
     hysteresis: float = 0.05
     calibration_inputs: int = 2
     max_layers: int = 48
+    passes: int = 2
 
 
 def random_inputs(exe: Executable, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -73,8 +77,10 @@ class ModelDispatch:
                  targets: list[Target], opts: DispatchOptions, *,
                  cache: PlanCache | None = None, key_parts: dict[str, Any] | None = None,
                  freqs: dict[str, float] | None = None, budgets: dict[str, float] | None = None,
-                 progress: Progress | None = None, emit: Emit | None = None) -> None:
+                 progress: Progress | None = None, emit: Emit | None = None,
+                 corpus: CorpusProvider | None = None) -> None:
         self.name = name
+        self.corpus = corpus
         self.path = Path(path)
         self.backends = backends
         self.targets = targets
@@ -117,7 +123,8 @@ class ModelDispatch:
             key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
                              "targets": [str(t) for t in self.targets],
                              "tolerance": self.opts.tolerance, "metric": self.opts.metric,
-                             "runs": self.opts.runs, "layers": [lay.name for lay in part.layers]})
+                             "runs": self.opts.runs, "passes": self.opts.passes,
+                             "layers": [lay.name for lay in part.layers]})
             cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
             self.from_cache = False
             forced: dict[int, str] = {}
@@ -128,12 +135,14 @@ class ModelDispatch:
             else:
                 profiler = Profiler(part, self.backends, self.targets, ref, self.calibration,
                                     runs=self.opts.runs, warmup=self.opts.warmup,
-                                    metric=self.opts.metric, progress=self.progress)
+                                    metric=self.opts.metric, progress=self.progress,
+                                    passes=self.opts.passes)
                 profile = profiler.profile()
                 profile.freqs = dict(self.freqs)
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
                                        freqs=dict(self.freqs), budgets=dict(self.budgets),
-                                       split_margin=self.opts.hysteresis)
+                                       split_margin=self.opts.hysteresis,
+                                       kernels=self._kernels())
             reason = "cache" if self.from_cache else "reprofile" if reprofile else "initial"
             plan, compiled = self._build(reason)
             if self.cache is not None:
@@ -144,6 +153,18 @@ class ModelDispatch:
                     "plan": plan.as_dict()})
             self._install(plan, compiled)
             return plan
+
+    def _kernels(self) -> dict[str, KernelModel]:
+        """The targets' kernel-corpus fits (measured on the first plan of this board, then
+        cached); planning goes on without them when the corpus cannot be built."""
+        if self.corpus is None:
+            return {}
+        try:
+            return self.corpus(self.targets, self.progress)
+        except EdgepilotError as exc:
+            log.warning("kernel corpus unavailable, predicting from layer fits: %s",
+                        exc.message)
+            return {}
 
     def _backend(self, target: Target) -> Backend:
         try:

@@ -18,7 +18,9 @@ from typing import Any
 from edgepilot.backends.base import Target
 from edgepilot.dispatch import costmodel
 from edgepilot.dispatch.calibration import Calibration, Observation
+from edgepilot.dispatch.corpus import layer_ops
 from edgepilot.dispatch.costmodel import LinearCost, Roofline, Sample
+from edgepilot.dispatch.kernels import KernelModel, correction
 from edgepilot.dispatch.partition import Layer, Partition
 from edgepilot.dispatch.planner import (
     CostTable,
@@ -61,6 +63,7 @@ class CostBuilder:
     linear: dict[tuple[str, str], LinearCost] = field(default_factory=dict)
     calibration: Calibration = field(default_factory=lambda: Calibration([]))
     split_margin: float = 0.05  # a split must beat the best single target by this fraction
+    kernels: dict[str, KernelModel] = field(default_factory=dict)  # target -> corpus fit
 
     def __post_init__(self) -> None:
         self.fit()
@@ -133,12 +136,32 @@ class CostBuilder:
                 if len(group) >= 3:  # fewer: the target-wide roofline predicts this class
                     self.linear[(target, cls)] = costmodel.fit_linear(group, freq)
 
+    def kernel_sum(self, i: int, target: str) -> float | None:
+        """Layer ``i`` as the call cost plus its operators' corpus kernels (None: no corpus)."""
+        model = self.kernels.get(target)
+        return None if model is None else model.layer_ms(layer_ops(self.part, i))
+
+    def kernel_prediction(self, i: int, target: str) -> float | None:
+        """Corpus prediction of layer ``i``: kernel sum times the measured/kernel ratio of the
+        model's *other* layers of its op class on ``target`` (layer ``i`` is never read)."""
+        own = self.kernel_sum(i, target)
+        if own is None:
+            return None
+        sums = [self.kernel_sum(j, target) for j in range(len(self.part.layers))]
+        measured = [row[target].ms if target in row else None for row in self.profile.cells]
+        classes = [costmodel.op_class(lay.op_types) for lay in self.part.layers]
+        return own * correction(sums, measured, classes, i)
+
     def predicted_layer(self, i: int, target: str) -> float | None:
-        """Model prediction for layer ``i`` on ``target`` at the current frequency: the
-        (target, op class) additive fit when there is one, else the target's roofline."""
+        """Model prediction for layer ``i`` on ``target`` at the current frequency: the kernel
+        corpus when the target has one, else the (target, op class) additive fit when there is
+        one, else the target's roofline."""
         layer = self.part.layers[i]
         prec = Target.parse(target).precision
         now = self.freqs.get(device_of(target), 0.0)
+        kernel = self.kernel_prediction(i, target)
+        if kernel is not None:
+            return kernel * self.factors.get(target, 1.0) * self.freq_scale(target, i)
         linear = self.linear.get((target, costmodel.op_class(layer.op_types)))
         if linear is not None:
             return linear.predict(self.sample(layer, prec), now) * self.factors.get(target, 1.0)
