@@ -1,11 +1,15 @@
 """Benchmark the dispatcher on generated models: plan vs single targets, prediction accuracy.
 
 Usage: .venv/bin/python bench/run_bench.py [--out bench/results.json] [--runs 30]
+       [--budget-s 0.3] [--state-dir DIR]
 
 Generates the models into a temporary directory (deterministic seeds), plans each one with the
 targets installed here, times plan / every single target / the raw runtime side by side
-(edgepilot.dispatch.bench), and measures the roofline predictor by leave-one-out over every
-profiled (layer, target) cell, pooled per target across models. Takes a minute or two.
+(edgepilot.dispatch.bench), and scores the layer predictors by leave-one-out over every
+profiled (layer, target) cell: the kernel-corpus predictor (the daemon's), the additive fit per
+(target, op class) and the roofline per target, next to the noise floor (every cell profiled a
+second time, the same way). The kernel corpus is cached in the state dir (default
+``~/.cache/edgepilot-bench``), so only the first run measures it. About a minute.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,7 @@ from edgepilot.dispatch.costmodel import (
     within,
 )
 from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.kernels import correction
 from edgepilot.dispatch.plan import CostBuilder
 from edgepilot.dispatch.profiler import Profiler
 from edgepilot.models import onnx_gen
@@ -62,19 +68,47 @@ def _by_target(pairs: list[tuple[str, float, float]]) -> dict[str, list[tuple[fl
     return out
 
 
+def kernel_held_out(builder: CostBuilder, target: str, measured: list[float | None]
+                    ) -> list[tuple[float, float]]:
+    """(prediction, measurement) of every measured layer on ``target``: kernel sum times the
+    correction fitted on the model's *other* layers (``kernels.correction``)."""
+    sums = [builder.kernel_sum(i, target) for i in range(len(builder.part.layers))]
+    classes = [op_class(lay.op_types) for lay in builder.part.layers]
+    out = []
+    for i, (ks, ms) in enumerate(zip(sums, measured, strict=True)):
+        if ks is not None and ms is not None:
+            out.append((ks * correction(sums, measured, classes, i), ms))
+    return out
+
+
+def _score(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    errs = sorted(abs(p - m) / m for p, m in pairs)
+    return {"layers": len(pairs), "within_10pct": sum(within(p, m) for p, m in pairs),
+            "median_abs_error": errs[len(errs) // 2] if errs else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results.json"))
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--budget-s", type=float, default=0.3)
+    ap.add_argument("--state-dir", type=Path, default=Path.home() / ".cache" / "edgepilot-bench",
+                    help="where the kernel corpus is cached between runs")
     args = ap.parse_args(argv)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="edgepilot-bench-") as tmp:
         root = Path(tmp)
         models = make_models(root / "models")
+        # plans and quantized variants are per run (temporary); the corpus is kept
         config = Config.model_validate({"daemon": {"state_dir": str(root / "state"),
                                                    "model_dir": str(root / "models")},
                                         "dispatch": {"profile_runs": 9, "warmup_runs": 2}})
         dispatcher = Dispatcher(config)
+        corpus = dispatcher.corpus_store()
+        corpus.directory = args.state_dir / "corpus"
         results: dict[str, Any] = {"models": {}, "predictor": {}}
+        kernel_pairs: dict[str, list[tuple[float, float]]] = {}
+        kernel_pairs_avg: list[tuple[float, float]] = []
         pooled: dict[str, list[Sample]] = {}
         by_class: dict[str, list[Sample]] = {}
         by_class_avg: dict[str, list[Sample]] = {}
@@ -82,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, what in models.items():
             print(f"== {name}: {what}", file=sys.stderr)
             md = dispatcher.get(name)
-            res = bench(md, runs=args.runs)
+            res = bench(md, runs=args.runs, budget_s=args.budget_s)
             res["what"] = what
             res["plan_detail"] = md.explain()
             results["models"][name] = res
@@ -98,7 +132,19 @@ def main(argv: list[str] | None = None) -> int:
             # the noise floor: the same layers timed again, independently, the same way
             again = Profiler(md.part, md.backends, md.targets, md.reference, md.calibration,
                              runs=md.opts.runs, warmup=md.opts.warmup,
-                             metric=md.opts.metric).profile()
+                             metric=md.opts.metric, passes=md.opts.passes).profile()
+            b = md.builder
+            for target in b.kernels:
+                first = [row[target].ms for row in b.profile.cells]
+                second = [row[target].ms for row in again.cells]
+                key = f"{target} " + "/".join(sorted({op_class(lay.op_types)
+                                                      for lay in b.part.layers}))
+                kernel_pairs.setdefault(target, []).extend(kernel_held_out(b, target, first))
+                results["models"][name].setdefault("kernel_held_out", {})[key] = _score(
+                    kernel_held_out(b, target, first))
+                avg = [math.sqrt(x * y) if x is not None and y is not None else None
+                       for x, y in zip(first, second, strict=True)]
+                kernel_pairs_avg.extend(kernel_held_out(b, target, avg))
             for layer, row1, row2 in zip(md.part.layers, md.builder.profile.cells, again.cells,
                                          strict=True):
                 for target, c1 in row1.items():
@@ -124,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
                 if errors else None}
         results["predictor_overall"] = {"layers": total, "within_10pct": total_hits}
-        # the daemon's predictor: additive NNLS fit per (target, op class), terms chosen by
+        # the round-2 predictor: additive NNLS fit per (target, op class), terms chosen by
         # inner leave-one-out; the held-out layer is never part of any fit or choice
         hits_c = total_c = 0
         results["predictor_by_op_class"] = {}
@@ -144,6 +190,15 @@ def main(argv: list[str] | None = None) -> int:
             hits_a += hits
             total_a += count
         results["predictor_two_runs_overall"] = {"layers": total_a, "within_10pct": hits_a}
+        # the daemon's predictor: kernel corpus x correction from the model's other layers
+        results["kernel_predictor"] = {t: _score(v) for t, v in sorted(kernel_pairs.items())}
+        results["kernel_predictor_overall"] = _score(
+            [pair for v in kernel_pairs.values() for pair in v])
+        results["kernel_predictor_two_runs_overall"] = _score(kernel_pairs_avg)
+        results["corpus"] = {"measured": corpus.measured,
+                             "seconds": round(corpus.seconds, 1),
+                             "kernels_per_target": len(corpus.specs),
+                             "passes": corpus.passes}
         agree = sum(within(b, a) for _, a, b in pairs)
         results["noise_floor"] = {
             "cells": len(pairs), "within_10pct": agree,
@@ -151,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             if pairs else None,
             "by_target": {t: {"cells": len(v), "within_10pct": sum(within(b, a) for a, b in v)}
                           for t, v in _by_target(pairs).items()}}
-        print(json.dumps({"roofline_per_target": results["predictor_overall"],
+        results["bench_seconds"] = round(time.perf_counter() - started, 1)
+        print(json.dumps({"kernel_corpus": results["kernel_predictor_overall"],
+                          "kernel_corpus_two_runs": results["kernel_predictor_two_runs_overall"],
+                          "corpus": results["corpus"],
+                          "bench_seconds": results["bench_seconds"],
+                          "roofline_per_target": results["predictor_overall"],
                           "linear_per_target_op_class":
                           results["predictor_by_op_class_overall"],
                           "linear_two_runs": results["predictor_two_runs_overall"],

@@ -23,7 +23,9 @@ def add_parser(sub: Any) -> None:
     b = sub.add_parser("bench", help="time the plan against every single target, side by side")
     b.add_argument("model", help="model name, file stem in --model-dir, or path")
     b.add_argument("--json", action="store_true", help="machine-readable output")
-    b.add_argument("--runs", type=int, default=30, help="timed rounds (default 30)")
+    b.add_argument("--runs", type=int, default=30, help="fewest timed rounds (default 30)")
+    b.add_argument("--budget-s", type=float, default=0.3,
+                   help="timed seconds every variant gets at least (default 0.3, 0..60)")
     b.set_defaults(func=cmd_bench)
 
 
@@ -118,13 +120,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if not 1 <= args.runs <= 10_000:
         raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
+    if not 0 <= args.budget_s <= 60:
+        raise ConfigError(f"--budget-s {args.budget_s}: allowed 0..60", field="budget_s")
     dispatcher = make_dispatcher(config_from(args))
     md = dispatcher.get(args.model)
     if not isinstance(md, ModelDispatch):
         raise ModelError(f"bench compares per-layer plans of ONNX/TFLite models; for the GGUF "
                          f"model {args.model!r} run `edgepilot plan {args.model}`, which times "
                          "every llama.cpp candidate", field="model")
-    result = bench(md, runs=args.runs)
+    result = bench(md, runs=args.runs, budget_s=args.budget_s)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -65,3 +65,31 @@ def test_plans_are_predicted_from_earlier_timings_only(
     assert plan2.predicted_ms == pytest.approx(
         obs2[0].predicted_ms * statistics.median([obs2[0].ratio, obs2[1].ratio]))
     assert obs2[2].measured_ms != obs2[1].measured_ms
+
+
+def test_a_new_split_is_predicted_from_its_segments_timed_alone_before_its_check(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    int8 = Target("onnxruntime", "cpu", "int8")
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, [FP32, int8],
+                       DispatchOptions(runs=3, warmup=1, tolerance=1.0))
+    md.prepare()
+    assert md.builder is not None and md.part is not None
+    n = len(md.part.layers)
+    # pin a split no profile ever timed as segments: layer 0 on fp32, the rest on int8
+    md.builder.forced.update({0: str(FP32), **{i: str(int8) for i in range(1, n)}})
+    before = len(md.builder.calibration.observations)
+    changed, plan = md.replan("test", force=True)
+    assert changed and plan.segments == [(str(FP32), 0, 1), (str(int8), 1, n)]
+    new = md.builder.calibration.observations[before:]
+    # each new segment timed alone first, then the plan's own check, in that order
+    assert [(o.source, o.target, o.start, o.end) for o in new] == [
+        ("segment", str(FP32), 0, 1), ("segment", str(int8), 1, n),
+        ("plan", str(FP32), 0, 1), ("plan", str(int8), 1, n)]
+    seg_fp32, seg_int8 = new[0], new[1]
+    table = md.builder.table()
+    hop = table.hop_ms[1]
+    # the prediction rests on the standalone timings, never on the check that followed
+    assert plan.predicted_ms == pytest.approx(seg_fp32.measured_ms + seg_int8.measured_ms + hop)
+    assert [c["observations"] for c in plan.calibration] == [
+        len([o for o in md.builder.calibration.observations[:before + 2] if o.target == t])
+        for t in (str(FP32), str(int8))]

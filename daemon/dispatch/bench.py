@@ -2,14 +2,16 @@
 
 All variants are compiled first, warmed up, then timed interleaved: each round runs every
 variant once, in an order shuffled per round (seeded), so a load spike on the shared board hits
-every variant of that round alike. Each variant's turn is a short burst: one untimed call that
-brings its weights back into cache, then timed calls. Without it a variant pays for whatever
-the variant before it evicted, and with a fixed (rotated) order every variant always follows
-the same neighbour: two identical int8 sessions then differed by 4% (one followed the 17 MB
-fp32 model, the other an int8 one). Variants slower than ``COLD_MS`` get no untimed call (cache
-state is noise on a run that long). Medians are reported with the output error of each variant
-against the fp32 reference, plus the median over rounds of each variant's time divided by the
-plan's time in the same round (``paired_ratio``), which cancels most of the shared-board noise.
+every variant of that round alike. Each variant's turn is a burst: one untimed call that brings
+its weights back into cache (without it a variant pays for whatever the variant before it
+evicted), then enough timed calls to fill about ``BURST_MS`` (at least ``BURST`` calls); the
+burst's median is the variant's time in that round. Rounds go on until every variant has
+``budget_s`` of timed calls (at least ``runs`` rounds, at most ``MAX_ROUNDS``): a 0.05 ms model
+timed 90 times is mostly timer and scheduler noise, timed 6000 times its median is steady.
+Variants slower than ``COLD_MS`` get no untimed call (cache state is noise on a run that long).
+Medians are reported with the output error of each variant against the fp32 reference, plus the
+median over rounds of each variant's time divided by the plan's time in the same round
+(``paired_ratio``), which cancels most of the shared-board noise.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-# timed calls per burst, and the run time above which a burst skips its untimed call
+# fewest timed calls per burst, the wall time a burst aims at, the run time above which a
+# burst skips its untimed call, and the most rounds a bench runs
 BURST = 3
+BURST_MS = 2.0
 COLD_MS = 5.0
+MAX_ROUNDS = 400
 
 
 def raw_runner(md: ModelDispatch) -> Runner:
@@ -61,8 +66,12 @@ def raw_runner(md: ModelDispatch) -> Runner:
     return run_tflite
 
 
-def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
-    """The bench JSON of issue 6 for a prepared (or preparable) model."""
+def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
+          budget_s: float = 0.3) -> dict[str, Any]:
+    """The bench JSON of issue 6 for a prepared (or preparable) model.
+
+    ``runs`` is the fewest rounds, ``budget_s`` the timed seconds every variant gets at least.
+    """
     if md.compiled is None or md.plan is None:
         md.prepare()
     assert md.compiled is not None and md.plan is not None and md.part is not None
@@ -88,19 +97,28 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
     errors = {name: max(output_error(fn(f), ref, md.opts.metric)
                         for f, ref in zip(md.calibration, md.ref_outputs, strict=True))
               for name, fn in runners.items()}
+    est: dict[str, float] = {}
     for _ in range(warmup):
-        for fn in runners.values():
+        for name, fn in runners.items():
+            t0 = time.perf_counter()
             fn(feed)
+            est[name] = (time.perf_counter() - t0) * 1e3
+    calls = {name: max(BURST, min(200, int(BURST_MS / max(ms, 1e-3)) + 1))
+             for name, ms in est.items()}
+    slow = {name for name, ms in est.items() if ms > COLD_MS}
     times: dict[str, list[float]] = {name: [] for name in runners}
+    timed_s: dict[str, float] = dict.fromkeys(runners, 0.0)
     rng = random.Random(0)
     order = list(runners)
-    slow: set[str] = set()
-    for _ in range(max(1, runs)):
+    rounds = 0
+    while rounds < max(1, runs) or (min(timed_s.values()) < budget_s and rounds < MAX_ROUNDS):
+        rounds += 1
         rng.shuffle(order)
         for name in order:
-            times[name].append(_burst(runners[name], feed, name in slow))
-            if times[name][-1] > COLD_MS:
-                slow.add(name)
+            ms, spent = _burst(runners[name], feed, 1 if name in slow else calls[name],
+                               name in slow)
+            times[name].append(ms)
+            timed_s[name] += spent
     med = {name: statistics.median(ts) for name, ts in times.items()}
     tol = md.opts.tolerance
     single = {name: {"median_ms": round(med[name], 4), "error": errors[name],
@@ -109,7 +127,8 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
     eligible = [v["median_ms"] for v in single.values() if v["within_tolerance"]]
     best = min(eligible) if eligible else None
     result: dict[str, Any] = {
-        "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": runs,
+        "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": rounds,
+        "timed_s": {name: round(v, 3) for name, v in timed_s.items()},
         "plan": {"median_ms": round(med["plan"], 4), "predicted_ms": round(md.plan.predicted_ms, 4),
                  "targets": [s[0] for s in md.plan.segments], "error": errors["plan"]},
         "single": single,
@@ -140,16 +159,17 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3) -> dict[str, Any]:
     return result
 
 
-def _burst(fn: Runner, feed: dict[str, np.ndarray], slow: bool) -> float:
-    """One variant's turn: an untimed call (unless slow), then the median of BURST timed."""
-    if slow:
-        t0 = time.perf_counter()
+def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int,
+           slow: bool) -> tuple[float, float]:
+    """One variant's turn: an untimed call (unless slow), then ``calls`` timed ones.
+
+    Returns the median ms of the timed calls and the seconds they took together.
+    """
+    if not slow:
         fn(feed)
-        return (time.perf_counter() - t0) * 1e3
-    fn(feed)
     ts = []
-    for _ in range(BURST):
+    for _ in range(max(1, calls)):
         t0 = time.perf_counter()
         fn(feed)
         ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    return statistics.median(ts), sum(ts) / 1e3

@@ -33,7 +33,9 @@ class Observation:
     end: int
     predicted_ms: float
     measured_ms: float
-    source: str = "plan"     # "profile" (whole model per target) or "plan"
+    # "profile" (whole model per target), "segment" (a planned segment timed alone before
+    # its plan is predicted) or "plan" (a plan's check after compiling)
+    source: str = "plan"
 
     @property
     def ratio(self) -> float:
@@ -50,6 +52,11 @@ class Calibration:
         lo, hi = RATIO_BOUNDS
         if obs.predicted_ms > 0 and obs.measured_ms > 0 and lo <= obs.ratio <= hi:
             self.observations.append(obs)
+
+    def has(self, target: str, start: int, end: int) -> bool:
+        """Whether segment ``[start, end)`` on ``target`` was ever timed end to end."""
+        return any(o.target == target and (o.start, o.end) == (start, end)
+                   for o in self.observations)
 
     def factor(self, target: str, start: int, end: int, n_layers: int) -> float:
         """measured/predicted to expect for segment ``[start, end)`` on ``target``.

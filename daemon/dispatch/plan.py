@@ -92,12 +92,14 @@ class CostBuilder:
             total += self._net(i, target, cell.ms)
         return total
 
-    def record(self, segments: list[tuple[str, int, int]], measured_ms: list[float]) -> None:
-        """Keep a plan's per-segment end-to-end times for the next predictions."""
+    def record(self, segments: list[tuple[str, int, int]], measured_ms: list[float],
+               source: str = "plan") -> None:
+        """Keep per-segment end-to-end times (a plan's check, or segments timed alone) for the
+        next predictions."""
         for (target, s, e), ms in zip(segments, measured_ms, strict=True):
             pred = self.raw_segment_ms(target, s, e)
             if pred is not None:
-                self.calibration.add(Observation(target, s, e, pred, ms, "plan"))
+                self.calibration.add(Observation(target, s, e, pred, ms, source))
         self.profile.extra["segments"] = self.calibration.as_list()
 
     def samples(self, target: str) -> list[Sample]:
