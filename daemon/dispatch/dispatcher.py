@@ -36,7 +36,7 @@ from edgepilot.dispatch.targets import (
     load_backends,
     runtime_versions,
 )
-from edgepilot.errors import ModelError, NotFoundError, PlanError
+from edgepilot.errors import EdgepilotError, ModelError, NotFoundError, PlanError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,7 +62,10 @@ class Dispatcher:
         self.models = models
         self.emit = emit or (lambda kind, **fields: None)
         self.run_blocking: RunBlocking = run_blocking or _to_thread
-        self.progress = progress
+        self._user_progress = progress
+        # set on stop: profiling checks it at every step, so a stopping daemon does not wait
+        # for a long measurement in a worker thread
+        self.cancelled = False
         self.cache = PlanCache(config.state_dir / "plans")
         self._backends = backends
         self._models: dict[str, AnyDispatch] = {}
@@ -71,8 +74,18 @@ class Dispatcher:
         self._corpus_lock = threading.Lock()
         # why re-prediction ran, most recent last (status/debugging: one entry per clock move)
         self.clock_replans: deque[str] = deque(maxlen=50)
+        # background planning: a request never waits for profiling (seconds to minutes)
+        self._planning: dict[str, asyncio.Task[None]] = {}
+        self.plan_failures: dict[str, str] = {}
 
     # ---- set-up -------------------------------------------------------------------------------
+    def progress(self, done: int, total: int, what: str) -> None:
+        """Progress of profiling, passed on to the CLI's bar; aborts once cancelled."""
+        if self.cancelled:
+            raise PlanError("planning cancelled: the daemon is stopping")
+        if self._user_progress is not None:
+            self._user_progress(done, total, what)
+
     @property
     def backends(self) -> dict[str, Backend]:
         if self._backends is None:
@@ -223,6 +236,41 @@ class Dispatcher:
         return self.get(name).run(inputs)
 
     # ---- async API (daemon) -------------------------------------------------------------------
+    def has_plan(self, name: str) -> bool:
+        """Whether ``name`` has a plan to serve on now. When it has none, planning starts in
+        the background (once) and the caller serves the whole model on its default target
+        meanwhile: profiling takes seconds to minutes and must not stall the first request.
+        A model whose planning failed keeps being served whole (the reason is in
+        ``plan_failures`` and the log); ``plan.replan`` tries again."""
+        with self._lock:
+            md = self._models.get(name)
+        if md is not None and md.plan is not None:
+            return True
+        if name not in self.plan_failures and name not in self._planning:
+            task = asyncio.get_running_loop().create_task(self._plan_in_background(name),
+                                                          name=f"plan-{name}")
+            self._planning[name] = task
+        return False
+
+    async def _plan_in_background(self, name: str) -> None:
+        log.info("planning %s in the background; requests run it whole until the plan is ready",
+                 name)
+        try:
+            await self.plan(name)
+        except Exception as exc:  # any failure: serve whole, say why once
+            reason = (exc.message if isinstance(exc, EdgepilotError)
+                      else f"{type(exc).__name__}: {exc}")
+            self.plan_failures[name] = reason
+            log.warning("no plan for %s (%s); serving it whole on its default target", name,
+                        reason)
+        finally:
+            self._planning.pop(name, None)
+
+    async def wait_planned(self) -> None:
+        """Wait for background planning in progress (tests, orderly stop)."""
+        while self._planning:
+            await asyncio.gather(*list(self._planning.values()), return_exceptions=True)
+
     async def infer(self, name: str, inputs: dict[str, np.ndarray]
                     ) -> tuple[dict[str, np.ndarray], str]:
         """Serve one request on the model's plan: ``(outputs, plan_hash)``."""
@@ -237,6 +285,7 @@ class Dispatcher:
     async def replan(self, name: str, reprofile: bool = False) -> dict[str, Any]:
         """Operator-requested replan; ``reprofile`` measures the board again first."""
         md = self.get(name)
+        self.plan_failures.pop(name, None)
 
         def work() -> dict[str, Any]:
             if reprofile or md.plan is None:

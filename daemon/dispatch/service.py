@@ -66,6 +66,7 @@ class DispatchService:
 
     async def stop(self) -> None:
         self.daemon.events.unsubscribe(self._on_event)
+        self.daemon.dispatcher.cancelled = True
         for task in list(self._tasks):
             task.cancel()
 

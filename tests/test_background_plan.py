@@ -1,0 +1,59 @@
+"""The first request never waits for profiling: it runs whole while the plan is made."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from daemon_proc import DaemonProcess
+
+from edgepilot.models.onnx_gen import mlp_stack
+
+
+def infer(d: DaemonProcess, x: np.ndarray) -> dict:
+    code, body = d.request("POST", "/v1/infer/mlp", {"inputs": {"x": {
+        "data": x.ravel().tolist(), "dtype": "float32", "shape": list(x.shape)}}})
+    assert code == 200, body
+    return body
+
+
+def test_first_request_runs_whole_and_later_ones_use_the_background_plan(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "mlp.onnx", widths=(32, 64, 64, 32), batch=2)
+    d = DaemonProcess(tmp_path, f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{models}"\n'
+                                "[dispatch]\nkernel_corpus = false\nprofile_runs = 3\n").start()
+    try:
+        x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
+        first = infer(d, x)
+        assert first["plan"].startswith("single:"), first["plan"]
+        deadline = time.monotonic() + 120
+        body = first
+        while body["plan"].startswith("single:") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            body = infer(d, x)
+        assert not body["plan"].startswith("single:"), d.output()
+        code, plan = d.request("GET", "/v1/plan/mlp")
+        assert code == 200 and plan["hash"] == body["plan"]
+        # the planned output stays within the model's tolerance of the whole fp32 model
+        got = np.asarray(body["outputs"]["y"]["data"], np.float32)
+        ref = np.asarray(first["outputs"]["y"]["data"], np.float32)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 0.05
+        assert "planning mlp in the background" in d.output()
+    finally:
+        assert d.stop() == 0
+
+
+def test_sigterm_during_background_planning_exits_promptly(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "mlp.onnx", widths=(32, 64, 64, 32), batch=2)
+    # the kernel corpus makes planning take many seconds: stop must not wait for it
+    d = DaemonProcess(tmp_path, f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{models}"\n'
+                                "[dispatch]\nkernel_corpus = true\n").start()
+    x = np.random.default_rng(0).standard_normal((2, 32)).astype(np.float32)
+    assert infer(d, x)["plan"].startswith("single:")
+    time.sleep(0.5)
+    assert d.stop(timeout=10) == 0
+    assert "planning mlp in the background" in d.output()
