@@ -9,6 +9,7 @@ and :func:`n_gpu_layers_for` turns the GPU segment into llama.cpp's parameter.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -29,7 +30,7 @@ from edgepilot.backends.base import (
     TensorSpec,
 )
 from edgepilot.config import LlamacppSection
-from edgepilot.errors import BackendError
+from edgepilot.errors import BackendError, CommandError
 from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class TokenStream:
     """
 
     def __init__(self, lock: threading.Lock, llm: Any, start: Callable[[], Iterator[Any]],
-                 empty_prompt: bool = False) -> None:
+                 empty_prompt: bool = False, field: str = "prompt") -> None:
+        self.field = field
         self._lock = lock
         self._llm = llm
         self._start = start
@@ -113,8 +115,21 @@ class TokenStream:
     def __iter__(self) -> Iterator[Any]:
         with self._lock:
             self._llm.sampled = []
-            yield from self._start()
+            with refused_as_bad_request(self.field):
+                yield from self._start()
             self.usage = usage_of(self._llm, empty_prompt=self._empty_prompt)
+
+
+@contextlib.contextmanager
+def refused_as_bad_request(field: str) -> Iterator[None]:
+    """llama-cpp-python refuses a request it cannot take (a prompt longer than the context
+    window, an option the model was not loaded for) with ``ValueError``: that is the client's
+    input, so it becomes a 400 naming the field, not an internal error."""
+    try:
+        yield
+    except ValueError as exc:
+        raise CommandError(f"llama.cpp refused the request: {exc}; shorten the input or raise "
+                           "n_ctx ([backends.llamacpp] or the model's n_ctx)", field=field) from None
 
 
 def n_gpu_layers_for(segment_layers: tuple[int, int] | None, n_layers: int) -> int:
@@ -184,8 +199,8 @@ class LlamaExecutable(Executable):
         :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count."""
         if params.get("stream"):
             return TokenStream(self.lock, self.llm, functools.partial(
-                self.llm.create_chat_completion, messages=messages, **params))
-        with self.lock:
+                self.llm.create_chat_completion, messages=messages, **params), field="messages")
+        with self.lock, refused_as_bad_request("messages"):
             self.llm.sampled = []
             return self.llm.create_chat_completion(messages=messages, **params)
 
@@ -194,7 +209,7 @@ class LlamaExecutable(Executable):
         if params.get("stream"):
             return TokenStream(self.lock, self.llm, functools.partial(
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)
-        with self.lock:
+        with self.lock, refused_as_bad_request("prompt"):
             self.llm.sampled = []
             return self.llm.create_completion(prompt=prompt, **params)
 

@@ -166,3 +166,28 @@ def test_client_leaving_mid_stream_frees_the_device(daemon: DaemonProcess,
     assert ok.choices[0].finish_reason in ("length", "stop")
     code, listing = daemon.request("POST", "/v1/commands/model.list", {})
     assert code == 200 and listing["result"]["models"]
+
+
+def test_prompt_longer_than_the_context_is_a_400_naming_the_field(
+        daemon: DaemonProcess, client: openai.OpenAI) -> None:
+    long = "edge " * 600  # > n_ctx = 256 tokens
+    code, body = daemon.request("POST", "/v1/completions",
+                                {"model": "tiny", "prompt": long, "max_tokens": 2})
+    assert code == 400, body
+    assert body["error"]["param"] == "prompt" and "context window" in body["error"]["message"]
+    code, body = daemon.request("POST", "/v1/chat/completions",
+                                {"model": "tiny", "max_tokens": 2,
+                                 "messages": [{"role": "user", "content": long}]})
+    assert code == 400 and body["error"]["param"] == "messages", body
+    body_bytes = json.dumps({"model": "tiny", "prompt": long, "max_tokens": 2,
+                             "stream": True}).encode()
+    req = urllib.request.Request(daemon.url + "/v1/completions", data=body_bytes,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        events = [line for line in resp.read().decode().splitlines() if line]
+    error = json.loads(events[0].removeprefix("data: "))["error"]
+    assert error["code"] == "bad_request" and error["field"] == "prompt"
+    assert events[-1] == "data: [DONE]"
+    ok = client.completions.create(model="tiny", prompt="edge", max_tokens=2, temperature=0)
+    assert ok.choices[0].finish_reason in ("length", "stop")
+
