@@ -191,3 +191,14 @@ def test_prompt_longer_than_the_context_is_a_400_naming_the_field(
     ok = client.completions.create(model="tiny", prompt="edge", max_tokens=2, temperature=0)
     assert ok.choices[0].finish_reason in ("length", "stop")
 
+
+def test_lone_surrogate_text_is_refused_with_its_field(daemon: DaemonProcess) -> None:
+    code, body = daemon.request("POST", "/v1/chat/completions",
+                                {"model": "tiny", "max_tokens": 2,
+                                 "messages": [{"role": "user", "content": "hi \ud800"}]})
+    assert code == 422, body
+    assert body["error"]["param"].startswith("messages.0.content"), body
+    assert "surrogate" in body["error"]["message"]
+    code, body = daemon.request("POST", "/v1/completions",
+                                {"model": "tiny", "max_tokens": 2, "prompt": "\udfff"})
+    assert code == 422 and body["error"]["param"].startswith("prompt"), body

@@ -18,11 +18,11 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from edgepilot.commands import error_body
 from edgepilot.errors import CommandError
@@ -31,18 +31,32 @@ from edgepilot.models.registry import LoadedModel, ModelRegistry
 router = APIRouter()
 
 
+def _utf8(text: str) -> str:
+    # JSON may carry lone surrogates ("\ud800") that no tokenizer can encode; refuse them here,
+    # naming the field, instead of failing inside llama.cpp
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text must be valid Unicode; a lone surrogate "
+                         f"{text[exc.start]!r} is at position {exc.start}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class TextPart(_Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
 
     def as_llama(self) -> dict[str, Any]:
@@ -62,7 +76,7 @@ class Sampling(_Strict):
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = Field(None, description="Up to 4 stop strings.")
+    stop: Text | list[Text] | None = Field(None, description="Up to 4 stop strings.")
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -92,7 +106,7 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
 
 
 async def _acquire_llm(request: Request, name: str) -> tuple[ModelRegistry, LoadedModel]:
