@@ -212,6 +212,21 @@ def test_malformed_commands_get_error_replies_and_telemetry_goes_on(
         rec.close()
 
 
+def test_wildcard_response_topic_gets_an_error_reply_and_replies_go_on(
+        running: Any, broker: Broker) -> None:  # noqa: F811
+    running()
+    rec = Recorder(broker, ["ok/#", f"{BASE}/reply/#"])
+    try:
+        publish_v5(broker, f"{BASE}/cmd/status", b"{}", response_topic="ok/#",
+                   correlation=b"w1")
+        reply = wait_for(lambda: rec.json_on(f"{BASE}/reply/status"), what="error reply")[0]
+        assert reply["ok"] is False and reply["error"]["field"] == "response_topic", reply
+        publish_v5(broker, f"{BASE}/cmd/status", b"{}", response_topic="ok/r", correlation=b"w2")
+        assert wait_for(lambda: rec.json_on("ok/r"), what="next reply")[0]["ok"] is True
+    finally:
+        rec.close()
+
+
 def test_mqtt311_reply_to_and_id(running: Any, broker: Broker) -> None:  # noqa: F811
     d = running(mqtt_cfg={"protocol": "3.1.1", "groups": ["lab"]})
     calls = add_counting_verb(d)

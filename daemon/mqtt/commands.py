@@ -71,6 +71,13 @@ class CommandTransport:
             correlation = getattr(properties, "CorrelationData", None) or None
         reply_topic = response_topic or self.topics.reply(verb)
         try:
+            if response_topic is not None and (any(c in response_topic for c in "+#\0")
+                                               or len(response_topic) > 1024):
+                # paho refuses to publish there; answer on the default reply topic instead
+                reply_topic = self.topics.reply(verb)
+                raise CommandError("the MQTT 5 response topic must be a topic name of at most "
+                                   "1024 characters, without wildcards (+, #) or NUL",
+                                   field="response_topic")
             params, req_id, reply_to = self._parse(payload)
             if reply_to is not None and response_topic is None:
                 reply_topic = self.topics.check_reply_to(reply_to)

@@ -225,8 +225,13 @@ class MqttLink:
             msg = self.outbox.pop()
             if msg is None:
                 return
-            info = self.client.publish(msg.topic, msg.payload, qos=msg.qos, retain=msg.retain,
-                                       properties=msg.properties)
+            try:
+                info = self.client.publish(msg.topic, msg.payload, qos=msg.qos,
+                                           retain=msg.retain, properties=msg.properties)
+            except ValueError as exc:
+                # a topic paho will never publish (wildcards, oversize): drop it, not the rest
+                log.warning("dropped a message paho refuses to publish to %r: %s", msg.topic, exc)
+                continue
             if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 self._pending.add(info.mid)
             elif info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and msg.qos > 0:
