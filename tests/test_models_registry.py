@@ -177,3 +177,33 @@ def test_registry_reports_backends(tmp_path: Path) -> None:
     d = make_daemon(tmp_path, backends={"enabled": ["tflite", "llamacpp"]})
     assert isinstance(d.models, ModelRegistry)
     assert d.models.backend_names() == ["tflite", "llamacpp"]
+
+
+def test_unload_waits_for_requests_holding_the_model(tmp_path: Path) -> None:
+    from edgepilot.models.onnx_gen import mlp_stack
+
+    mlp_stack(mdir(tmp_path) / "m.onnx", widths=(8, 8), batch=1)
+    d = make_daemon(tmp_path)
+    x = np.ones((1, 8), np.float32)
+
+    async def scenario() -> None:
+        lm = await d.models.acquire("m")  # a request that holds the model, not yet on the device
+        queue = d.models.queue(lm.device)
+        await queue.acquire()  # another request is on the device
+        unload = asyncio.create_task(d.models.unload("m"))
+        await asyncio.sleep(0.05)  # the unload is waiting now
+        queue.release()
+        await asyncio.sleep(0)
+        try:  # the held request runs on the model it acquired, never on a closed one
+            async with queue.slot():
+                out = await d.run_blocking(lm.executable.run, {"x": x})
+        finally:
+            d.models.release(lm)
+        assert out
+        assert await unload is True
+        assert "m" not in d.models.loaded
+        out2, _ = await d.models.run_tensor("m", {"x": x})  # loaded again on demand
+        np.testing.assert_array_equal(next(iter(out.values())), next(iter(out2.values())))
+
+    asyncio.run(scenario())
+    assert [e["reason"] for e in events(d, "model.unloaded")] == ["request"]

@@ -59,6 +59,8 @@ class LoadedModel:
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     in_use: int = 0
+    # set on every release: unload waits on it until in_use is 0
+    released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
     def device(self) -> str:
@@ -284,13 +286,20 @@ class ModelRegistry:
             return lm
 
     async def unload(self, name: str, reason: str = "request") -> bool:
-        """Release ``name``; False when it was not loaded. Waits for its device to be free."""
+        """Release ``name``; False when it was not loaded.
+
+        New requests load a fresh copy at once; requests that already hold this copy finish on
+        it first (closing it under them would crash the runtime), then it is closed.
+        """
         lm = self.loaded.get(name)
         if lm is None:
             self.entry(name)  # unknown names are a 404, known-but-idle ones just False
             return False
+        self.loaded.pop(name, None)
+        while lm.in_use > 0:
+            lm.released.clear()
+            await lm.released.wait()
         async with self.queue(lm.device).slot():
-            self.loaded.pop(name, None)
             await self.daemon.run_blocking(lm.executable.close)
         self.daemon.events.emit("model.unloaded", model=name, reason=reason)
         return True
@@ -305,6 +314,7 @@ class ModelRegistry:
     def release(self, lm: LoadedModel) -> None:
         lm.in_use -= 1
         lm.last_used = time.monotonic()
+        lm.released.set()
 
     async def run_tensor(self, name: str, inputs: dict[str, np.ndarray]
                          ) -> tuple[dict[str, np.ndarray], str]:
