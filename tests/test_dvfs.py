@@ -234,6 +234,46 @@ def test_sigkill_leaves_a_journal_the_next_service_start_undoes(
     assert jr.load(state) is None
 
 
+def test_a_device_gone_since_the_crash_does_not_keep_the_daemon_down(
+        killed_after_apply: tuple[FakeBoard, Path, dict[str, Any]]) -> None:
+    """A CPU cluster taken offline after the crash: its journaled values cannot be written, so
+    crash recovery is incomplete; the daemon still starts (restoring the rest and applying its
+    profile), keeps the journal, and a restore once the cluster is back leaves the board as
+    it was."""
+    import shutil
+
+    from edgepilot.dvfs.service import attach
+    from edgepilot.lifecycle import Daemon
+
+    fake, state, before = killed_after_apply
+    policy7 = fake.path("/sys/devices/system/cpu/cpufreq/policy7")
+    parked = fake.root.parent / "policy7.offline"
+    shutil.move(str(policy7), str(parked))
+    config = parse_config({"daemon": {"sysfs_root": str(fake.root), "state_dir": str(state)},
+                           "dvfs": {"profile": "balanced"}})
+    daemon = Daemon(config)
+    services = attach(daemon)
+
+    async def start_stop() -> dict[str, Any]:
+        await services[0].start()
+        status: dict[str, Any] = daemon.profiles.status()
+        with pytest.raises(ProfileError, match="policy7"):
+            await services[0].stop()  # policy7 is still away: the journal stays
+        return status
+
+    status = asyncio.run(start_stop())
+    daemon.executor.shutdown()
+    kinds = [e["type"] for e in daemon.events.recent()]
+    assert kinds == ["profile.restore_failed", "profile.applied", "profile.restore_failed"]
+    assert status["active"] == "balanced"
+    assert jr.load(state) is not None
+    shutil.move(str(parked), str(policy7))
+    subprocess.run([sys.executable, "-m", "edgepilot", "--sysfs-root", str(fake.root),
+                    "--state-dir", str(state), "profile", "restore"],
+                   capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+    assert differences(before, fake.files()) == []
+
+
 def test_crash_journal_restored_by_cli(
         killed_after_apply: tuple[FakeBoard, Path, dict[str, Any]]) -> None:
     fake, state, before = killed_after_apply

@@ -58,7 +58,14 @@ class DvfsService:
 
     async def start(self) -> None:
         manager: ProfileManager = self.daemon.profiles
-        await self.daemon.run_blocking(manager.recover)
+        try:
+            await self.daemon.run_blocking(manager.recover)
+        except EdgepilotError as exc:
+            # a device gone since the crash (an offline CPU cluster) must not keep the daemon
+            # down: the rest was put back, and the journal keeps the originals for a later
+            # restore (applying a profile merges into it, never loses them)
+            log.error("DVFS crash recovery incomplete, journal kept (edgepilot profile restore "
+                      "retries): %s", exc.message)
         name = self.daemon.config.dvfs.profile
         self._task = asyncio.create_task(self._watch(), name="dvfs-thermal-guard")
         if name:
