@@ -120,6 +120,28 @@ class TokenStream:
             self.usage = usage_of(self._llm, empty_prompt=self._empty_prompt)
 
 
+def _cancellable(params: dict[str, Any], cancel: threading.Event | None,
+                 eos: int) -> dict[str, Any]:
+    """``params`` with a logits processor that ends the generation at the next token once
+    ``cancel`` is set (a client gone, a shutdown past its drain deadline): only end-of-sequence
+    stays possible. Without it a generation that yields nothing for a while (held-back partial
+    UTF-8, a non-streamed request) runs to ``max_tokens`` and keeps the process from exiting.
+    (Raising instead does not work: llama-cpp-python calls processors from a C callback that
+    prints exceptions and carries on.)"""
+    if cancel is None:
+        return params
+
+    def check(input_ids: Any, scores: Any) -> Any:
+        if cancel.is_set():
+            scores[:] = -np.inf
+            scores[eos] = 0.0
+        return scores
+
+    llama_cpp = _import()
+    processors = llama_cpp.LogitsProcessorList([*(params.get("logits_processor") or []), check])
+    return {**params, "logits_processor": processors}
+
+
 @contextlib.contextmanager
 def refused_as_bad_request(field: str) -> Iterator[None]:
     """llama-cpp-python refuses a request it cannot take (a prompt longer than the context
@@ -129,7 +151,8 @@ def refused_as_bad_request(field: str) -> Iterator[None]:
         yield
     except ValueError as exc:
         raise CommandError(f"llama.cpp refused the request: {exc}; shorten the input or raise "
-                           "n_ctx ([backends.llamacpp] or the model's n_ctx)", field=field) from None
+                           "n_ctx ([backends.llamacpp] or the model's n_ctx)",
+                           field=field) from None
 
 
 def n_gpu_layers_for(segment_layers: tuple[int, int] | None, n_layers: int) -> int:
@@ -194,9 +217,12 @@ class LlamaExecutable(Executable):
         with self.lock:
             return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
 
-    def chat(self, messages: list[dict[str, Any]], **params: Any) -> Any:
+    def chat(self, messages: list[dict[str, Any]], *, cancel: threading.Event | None = None,
+             **params: Any) -> Any:
         """llama-cpp-python's ``create_chat_completion``: a dict, or (``stream=True``) a
-        :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count."""
+        :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count. Setting ``cancel``
+        ends the generation at the next token (finish_reason "stop")."""
+        params = _cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self.lock, self.llm, functools.partial(
                 self.llm.create_chat_completion, messages=messages, **params), field="messages")
@@ -204,8 +230,11 @@ class LlamaExecutable(Executable):
             self.llm.sampled = []
             return self.llm.create_chat_completion(messages=messages, **params)
 
-    def complete(self, prompt: str, **params: Any) -> Any:
-        """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`)."""
+    def complete(self, prompt: str, *, cancel: threading.Event | None = None,
+                 **params: Any) -> Any:
+        """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`);
+        ``cancel`` as for :meth:`chat`."""
+        params = _cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self.lock, self.llm, functools.partial(
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)

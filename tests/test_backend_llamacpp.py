@@ -178,3 +178,41 @@ def test_streamed_usage_equals_llamacpp_with_stop_strings(gguf_path: Path) -> No
     finally:
         ref.close()
         exe.close()
+
+
+def test_cancel_ends_a_generation_at_the_next_token(gguf_path: Path) -> None:  # noqa: F811
+    """A cancelled request (client gone, shutdown past its drain deadline) stops llama.cpp at
+    the next token, streamed or not, even when nothing has been yielded yet."""
+    import threading
+
+    from llama_cpp import LogitsProcessorList
+
+    exe: Any = LlamaCppBackend(LlamacppSection(n_ctx=1024)).compile(whole(gguf_path), CPU)
+
+    def cancel_after(n: int) -> tuple[threading.Event, LogitsProcessorList]:
+        cancel = threading.Event()
+        seen: list[int] = []
+
+        def count(ids: Any, scores: Any) -> Any:  # the "client" leaves after n tokens
+            seen.append(1)
+            if len(seen) >= n:
+                cancel.set()
+            return scores
+        return cancel, LogitsProcessorList([count])
+
+    cancel, procs = cancel_after(5)
+    out = exe.complete("the edge board", max_tokens=900, temperature=0, cancel=cancel,
+                       logits_processor=procs)
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert len(exe.llm.sampled) == 5  # the 5th token sampled is the end of sequence
+    assert exe.llm.sampled[-1] == exe.llm.token_eos()
+    cancel, procs = cancel_after(3)
+    chunks = list(exe.chat([{"role": "user", "content": "hi"}], max_tokens=900,
+                           temperature=0, stream=True, cancel=cancel, logits_processor=procs))
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert len(exe.llm.sampled) == 3
+    # the model serves the next request normally
+    out = exe.complete("the edge board", max_tokens=3, temperature=0,
+                       cancel=threading.Event())
+    assert out["usage"]["completion_tokens"] >= 1
+    exe.close()

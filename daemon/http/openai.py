@@ -158,13 +158,16 @@ async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req
     queue = registry.queue(lm.device)
     started = time.monotonic()
     if not req.stream:
+        cancel = threading.Event()
         try:
             async with queue.slot():
-                result = await daemon.run_blocking(functools.partial(call, **params))
+                result = await daemon.run_blocking(functools.partial(call, cancel=cancel,
+                                                                     **params))
         except Exception:
             daemon.work.record(req.model, time.monotonic() - started, ok=False)
             raise
         finally:
+            cancel.set()  # cancelled (client gone, shutdown): the worker stops at its next token
             registry.release(lm)
         result["model"] = req.model
         daemon.work.record(req.model, time.monotonic() - started,
@@ -190,7 +193,7 @@ async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: s
 
     def work() -> None:
         try:
-            chunks = call(**params, stream=True)
+            chunks = call(**params, stream=True, cancel=stop)
             with contextlib.closing(iter(chunks)) as it:
                 for chunk in it:
                     loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
