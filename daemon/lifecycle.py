@@ -134,7 +134,12 @@ class Daemon:
         """Serve until SIGTERM/SIGINT; return the process exit code."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"state dir {self.state_dir} cannot be created ({exc.strerror}); "
+                              "point --state-dir or [daemon] state_dir at a writable directory",
+                              field="daemon.state_dir") from None
         self._install_signals()
         from edgepilot.http.server import HttpServer
 

@@ -117,6 +117,17 @@ def test_unknown_config_key_fails_startup_naming_the_key(tmp_path: Path) -> None
     assert "'mqtt.qos'" in proc.stderr and "1 or 2" in proc.stderr
 
 
+def test_state_dir_that_cannot_be_made_is_one_line_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgepilot", "--state-dir", str(blocker / "state"), "run",
+         "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "state_dir" in proc.stderr and str(blocker / "state") in proc.stderr
+
+
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
