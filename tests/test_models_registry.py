@@ -207,3 +207,15 @@ def test_unload_waits_for_requests_holding_the_model(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert [e["reason"] for e in events(d, "model.unloaded")] == ["request"]
+
+
+def test_loading_unknown_names_keeps_nothing_for_them(tmp_path: Path) -> None:
+    d = make_daemon(tmp_path)
+
+    async def scenario() -> None:
+        for i in range(50):  # client-chosen names over MQTT/HTTP must not grow the registry
+            with pytest.raises(NotFoundError):
+                await d.commands.execute(d, "model.load", {"name": f"ghost-{i}"})
+
+    asyncio.run(scenario())
+    assert d.models._load_locks == {}

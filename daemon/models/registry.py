@@ -266,6 +266,7 @@ class ModelRegistry:
 
     async def load(self, name: str) -> LoadedModel:
         """Make ``name`` resident (no-op when it is); emits ``model.loaded``."""
+        self.entry(name)  # unknown names are a 404 before anything is kept for them
         lock = self._load_locks.setdefault(name, asyncio.Lock())
         async with lock:
             if name in self.loaded:
