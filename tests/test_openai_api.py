@@ -202,3 +202,9 @@ def test_lone_surrogate_text_is_refused_with_its_field(daemon: DaemonProcess) ->
     code, body = daemon.request("POST", "/v1/completions",
                                 {"model": "tiny", "max_tokens": 2, "prompt": "\udfff"})
     assert code == 422 and body["error"]["param"].startswith("prompt"), body
+
+
+def test_malformed_json_body_names_the_body(daemon: DaemonProcess) -> None:
+    code, body = daemon.request("POST", "/v1/chat/completions", b'{"model": "tiny", bad')
+    assert code == 422, body
+    assert body["error"]["param"] == "body" and "not valid JSON" in body["error"]["message"]

@@ -96,6 +96,13 @@ def create_app(daemon: Daemon) -> FastAPI:
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
         first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            # its loc is ("body", <char offset>): the offset is no field
+            where = first.get("loc", ())[-1:]
+            return http_error(422, {"code": "bad_request", "field": "body",
+                                    "message": "request body is not valid JSON "
+                                               f"({(first.get('ctx') or {}).get('error', '')}"
+                                               f" at character {where[0] if where else '?'})"})
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc) or None
         if field is None:
