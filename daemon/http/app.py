@@ -99,10 +99,11 @@ def create_app(daemon: Daemon) -> FastAPI:
         if first.get("type") == "json_invalid":
             # its loc is ("body", <char offset>): the offset is no field
             where = first.get("loc", ())[-1:]
+            ctx = first.get("ctx")
+            why = ctx.get("error", "") if isinstance(ctx, dict) else ""
             return http_error(422, {"code": "bad_request", "field": "body",
-                                    "message": "request body is not valid JSON "
-                                               f"({(first.get('ctx') or {}).get('error', '')}"
-                                               f" at character {where[0] if where else '?'})"})
+                                    "message": f"request body is not valid JSON ({why} at "
+                                               f"character {where[0] if where else '?'})"})
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc) or None
         if field is None:
