@@ -221,7 +221,13 @@ class Daemon:
         self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             new = load_config(self.config_path, self.overrides)
-        except ConfigError as exc:
+            for svc in self.services:
+                # what only the running daemon can judge (a profile this board lacks, a model
+                # path outside the model dir): refuse the file instead of half-applying it
+                check = getattr(svc, "check", None)
+                if check is not None:
+                    await check(new)
+        except EdgepilotError as exc:
             log.error("reload rejected, keeping the running config: %s", exc.message)
             self.events.emit("config.rejected", message=exc.message)
             self.notifier.notify("READY=1", "STATUS=reload rejected; serving with old config")

@@ -186,3 +186,28 @@ def test_free_port_helper_gives_bindable_port() -> None:
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_sighup_refuses_what_only_the_running_daemon_can_judge(tmp_path: Path) -> None:
+    ns = NotifySocket(tmp_path / "notify.sock")
+    d = DaemonProcess(tmp_path, QUIET, env={"NOTIFY_SOCKET": str(ns.path)})
+    d.start()
+    try:
+        ns.collect("READY=1")
+        assert d.config_path is not None
+        for bad, named in (
+                (QUIET + '[dvfs]\nprofile = "turbo"\n', "unknown profile 'turbo'"),
+                (QUIET + '[[models]]\nname = "x"\nfile = "../../etc/passwd.onnx"\n',
+                 "resolves outside the model dir")):
+            d.config_path.write_text(bad)
+            ns.lines.clear()
+            d.send_signal(signal.SIGHUP)
+            ns.collect("RELOADING=1")
+            ns.collect("READY=1")
+            assert named in d.output()
+            cfg = d.request("GET", "/v1/config")[1]["config"]
+            assert cfg["dvfs"]["profile"] is None and cfg["models"] == []  # old config kept
+        assert d.output().count("reload rejected") == 2
+    finally:
+        assert d.stop() == 0
+        ns.close()

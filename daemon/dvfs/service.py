@@ -20,7 +20,7 @@ from edgepilot.config import Config
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
 from edgepilot.dvfs.thermal import ThermalGuard
-from edgepilot.errors import EdgepilotError
+from edgepilot.errors import ConfigError, EdgepilotError
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
@@ -114,6 +114,15 @@ class DvfsService:
                 return
             except Exception:  # the guard must outlive one bad sample or move
                 log.exception("thermal guard check failed; continuing")
+
+    async def check(self, new: Config) -> None:
+        """Refuse a config naming a profile this board does not have (before anything moves)."""
+        if new.dvfs.profile:
+            manager: ProfileManager = self.daemon.profiles
+            try:
+                await self.daemon.run_blocking(manager.get, new.dvfs.profile)
+            except EdgepilotError as exc:
+                raise ConfigError(exc.message, field="dvfs.profile") from None
 
     async def reload(self, old: Config, new: Config) -> None:
         manager: ProfileManager = self.daemon.profiles

@@ -42,14 +42,21 @@ def kind_of(entry: ModelEntry) -> str:
     return kind
 
 
-def resolve_path(model_dir: Path, entry: ModelEntry) -> Path:
-    """``entry.file`` inside ``model_dir``; refuse anything resolving outside it (.., symlinks)."""
+def inside_model_dir(model_dir: Path, entry: ModelEntry) -> Path:
+    """``entry.file`` resolved inside ``model_dir`` (it need not exist yet); refuse anything
+    resolving outside it (``..``, absolute paths, symlinks)."""
     root = model_dir.resolve()
     path = (root / entry.file).resolve()
     if not path.is_relative_to(root):
         raise ModelError(f"model {entry.name!r}: file {str(entry.file)!r} resolves outside the "
                          f"model dir {root}; put the file in the model dir",
                          field=f"models.{entry.name}.file")
+    return path
+
+
+def resolve_path(model_dir: Path, entry: ModelEntry) -> Path:
+    """``entry.file`` inside ``model_dir`` and present; refuse anything resolving outside it."""
+    path = inside_model_dir(model_dir, entry)
     if not path.is_file():
         raise ModelError(f"model {entry.name!r}: file {path} does not exist",
                          field=f"models.{entry.name}.file")

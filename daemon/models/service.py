@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edgepilot.commands import NoParams
 from edgepilot.config import Config
-from edgepilot.errors import EdgepilotError
+from edgepilot.errors import ConfigError, EdgepilotError
+from edgepilot.models import files
 from edgepilot.models.registry import ModelRegistry
 
 if TYPE_CHECKING:
@@ -99,6 +100,17 @@ class ModelsService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await self.registry.close()
+
+    async def check(self, new: Config) -> None:
+        """Refuse a config whose models could never load: a format that cannot be told, a file
+        outside the model dir. (A file not there yet is fine: it may be copied in later.)"""
+        model_dir = new.model_dir
+        for entry in new.models:
+            try:
+                files.kind_of(entry)
+                files.inside_model_dir(model_dir, entry)
+            except EdgepilotError as exc:
+                raise ConfigError(exc.message, field=exc.field) from None
 
     async def reload(self, old: Config, new: Config) -> None:
         """Unload resident models the new config no longer serves, or serves differently.
