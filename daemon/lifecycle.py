@@ -197,6 +197,8 @@ class Daemon:
                 await asyncio.wait_for(svc.stop(), timeout=remaining)
             except TimeoutError:
                 log.error("%s did not stop within %.1fs; continuing shutdown", svc.name, remaining)
+            except EdgepilotError as exc:  # expected and explained: no stack trace
+                log.error("stopping %s: %s; continuing shutdown", svc.name, exc.message)
             except Exception:
                 log.exception("stopping %s failed; continuing shutdown", svc.name)
 
