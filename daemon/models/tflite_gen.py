@@ -8,6 +8,7 @@ the model for checking that a partly delegated graph is never reported as delega
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,3 +99,94 @@ def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pack(model))
     return path
+
+
+@dataclass(frozen=True)
+class QuantFc:
+    """What :func:`write_int8_fc_tflite` wrote, for computing its float reference."""
+
+    path: Path
+    weights: np.ndarray  # [out, in], dequantized
+    bias: np.ndarray     # [out], dequantized
+    in_scale: float
+    in_zero: int
+    out_scale: float
+    out_zero: int
+
+    def quantize_input(self, x: np.ndarray) -> np.ndarray:
+        q = np.round(x / self.in_scale) + self.in_zero
+        return np.clip(q, -128, 127).astype(np.int8)
+
+    def dequantize_output(self, y: np.ndarray) -> np.ndarray:
+        return (y.astype(np.float32) - self.out_zero) * self.out_scale
+
+    def reference(self, xq: np.ndarray) -> np.ndarray:
+        """Float result of the quantized input through the dequantized weights."""
+        x = (xq.astype(np.float32) - self.in_zero) * self.in_scale
+        return np.asarray(x @ self.weights.T + self.bias, np.float32)
+
+
+def write_int8_fc_tflite(path: Path, *, width: int = 16, batch: int = 1,
+                         seed: int = 0) -> QuantFc:
+    """Write one fully int8 FULLY_CONNECTED (int8 in/out, int8 weights, int32 bias), the way
+    a post-training-quantized model stores it: the probe for int8 TFLite / Arm NN targets."""
+    s = _schema()
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
+    b = rng.standard_normal(width).astype(np.float32) * 0.1
+    in_scale, in_zero = 4.0 / 255, -1             # inputs in about [-2, 2]
+    w_scale = float(np.abs(w).max()) / 127
+    wq = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
+    bq = np.round(b / (in_scale * w_scale)).astype(np.int32)
+    # output range from the float result of inputs in range, with headroom
+    bound = float(np.abs(w).sum(axis=1).max() * 2.0 + np.abs(b).max())
+    out_scale, out_zero = 2 * bound / 255, 0
+    model = s.ModelT()
+    model.version = 3
+    model.description = b"edgepilot int8 probe"
+    model.buffers = [s.BufferT()]
+    sg = s.SubGraphT()
+    sg.name = b"main"
+    sg.tensors = []
+
+    def tensor(name: str, shape: list[int], ttype: int, scale: float, zero: int,
+               data: np.ndarray | None = None) -> int:
+        t = s.TensorT()
+        t.name = name.encode()
+        t.shape = np.array(shape, dtype=np.int32)
+        t.type = ttype
+        q = s.QuantizationParametersT()
+        q.scale = np.array([scale], dtype=np.float32)
+        q.zeroPoint = np.array([zero], dtype=np.int64)
+        t.quantization = q
+        t.buffer = 0
+        if data is not None:
+            buf = s.BufferT()
+            buf.data = np.frombuffer(data.tobytes(), dtype=np.uint8)
+            model.buffers.append(buf)
+            t.buffer = len(model.buffers) - 1
+        sg.tensors.append(t)
+        return len(sg.tensors) - 1
+
+    x = tensor("input", [batch, width], s.TensorType.INT8, in_scale, in_zero)
+    wt = tensor("fc/w", [width, width], s.TensorType.INT8, w_scale, 0, wq)
+    bt = tensor("fc/b", [width], s.TensorType.INT32, in_scale * w_scale, 0, bq)
+    y = tensor("output", [batch, width], s.TensorType.INT8, out_scale, out_zero)
+    op = s.OperatorT()
+    op.opcodeIndex = 0
+    op.inputs = np.array([x, wt, bt], dtype=np.int32)
+    op.outputs = np.array([y], dtype=np.int32)
+    op.builtinOptionsType = s.BuiltinOptions.FullyConnectedOptions
+    op.builtinOptions = s.FullyConnectedOptionsT()
+    sg.operators = [op]
+    sg.inputs, sg.outputs = [x], [y]
+    model.subgraphs = [sg]
+    code = s.OperatorCodeT()
+    code.builtinCode = s.BuiltinOperator.FULLY_CONNECTED
+    code.deprecatedBuiltinCode = s.BuiltinOperator.FULLY_CONNECTED
+    code.version = 4  # the first FULLY_CONNECTED version with int8 kernels
+    model.operatorCodes = [code]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pack(model))
+    return QuantFc(path, (wq.astype(np.float32) * w_scale), (bq.astype(np.float32)
+                   * in_scale * w_scale), in_scale, in_zero, out_scale, out_zero)
