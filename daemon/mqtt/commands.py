@@ -134,7 +134,12 @@ class CommandTransport:
         self._seen[key] = value
         self._seen.move_to_end(key)
         while len(self._seen) > DEDUP_SIZE:
-            self._seen.popitem(last=False)
+            # evict the oldest *finished* reply: a running command (at most MAX_INFLIGHT of
+            # them) must stay known, or a redelivery of it would run it a second time
+            oldest = next((k for k, v in self._seen.items() if v is not _PENDING), None)
+            if oldest is None:
+                break
+            del self._seen[oldest]
 
     async def _run(self, verb: str, params: Any, reply_topic: str, correlation: bytes | None,
                    req_id: str | None, key: tuple[str, str] | None) -> None:
