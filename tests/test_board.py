@@ -191,3 +191,17 @@ def test_min_above_max_is_refused_like_the_kernel(orin: FakeBoard) -> None:
     with pytest.raises(BoardError, match="EINVAL"):
         board.write_value(orin.path(f"{gpu}/max_freq"), "204000000\n")
     assert orin.files() == before
+
+
+@pytest.mark.parametrize("channel", ["1", "2"])
+def test_an_unreadable_rail_makes_the_total_unknown_not_a_smaller_sum(
+        fake_board, channel: str) -> None:  # type: ignore[no-untyped-def]
+    """A labelled INA3221 channel whose current read fails (EAGAIN) for one sample: with
+    VDD_IN (channel 1) gone the sum of the sub-rails is not the board's draw, and without
+    VDD_IN a sum missing a rail is not either; both are unknown (None), never a dip."""
+    hw = "/sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1"
+    overrides = {} if channel == "1" else {f"{hw}/in1_label": "NC\n"}
+    fake = fake_board("orin", overrides=overrides, read_errors=[f"{hw}/curr{channel}_input"])
+    s = Board(fake.root).sample()
+    assert s.power_w is None and s.power_source is None
+    assert s.rails_w  # the rails that did read are still reported

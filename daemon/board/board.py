@@ -80,6 +80,10 @@ class Board:
         if TOTAL_RAIL in power.rails_w:
             s.power_w = power.rails_w[TOTAL_RAIL]
             s.power_source = f"{power.rail_sources[TOTAL_RAIL]}:{TOTAL_RAIL}"
+        elif power.unreadable:
+            # VDD_IN (or a rail of the sum) failed this time: the total is unknown, not the
+            # sum of what is left (energy would integrate a drop that never happened)
+            pass
         elif power.rails_w:
             s.power_w = sum(power.rails_w.values())
             s.power_source = "sum"

@@ -27,6 +27,9 @@ class PowerReading:
     rail_sources: dict[str, str] = field(default_factory=dict)   # rail -> "ina3221" ...
     battery_w: float | None = None
     energy_j: dict[str, float] = field(default_factory=dict)
+    # labelled rails whose value could not be read this time (EAGAIN, a hwmon gone mid-read):
+    # a total made without them would be a different, smaller quantity
+    unreadable: list[str] = field(default_factory=list)
 
 
 def _hwmon_dirs(fs: Sysfs) -> list[Path]:
@@ -53,6 +56,7 @@ def read_ina3221(fs: Sysfs, hw: Path, out: PowerReading) -> None:
         mv = fs.read_int(hw / f"in{n}_input")
         ma = fs.read_int(hw / f"curr{n}_input")
         if mv is None or ma is None:
+            out.unreadable.append(label)
             continue
         out.rails_w[label] = mv * ma / 1e6
         out.rail_sources[label] = "ina3221"
