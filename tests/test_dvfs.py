@@ -27,7 +27,7 @@ from edgepilot.config import parse_config
 from edgepilot.dvfs import journal as jr
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
-from edgepilot.errors import ProfileError
+from edgepilot.errors import EdgepilotError, ProfileError
 from edgepilot.events import EventBus
 
 __all__ = ["fake_board"]
@@ -302,3 +302,48 @@ def test_journal_is_written_before_the_first_write(
     assert journal is not None and journal.original[
         "/sys/devices/system/cpu/cpufreq/policy0/scaling_governor"] == "ondemand\n"
     assert time.time() - journal.started < 3600
+
+
+@pytest.mark.parametrize("text", [
+    '{"sysfs_root": "/", "original": {"/sys/a": "1\\n"',            # truncated by a crash
+    '{"sysfs_root": "/", "original": ["scaling_governor"]}',         # wrong shape
+    '{"sysfs_root": "/", "original": {}, "format": 0}',              # another version's field
+    '[]',
+])
+def test_a_corrupt_journal_is_a_clear_error_not_a_crash_loop(
+        fake_board, tmp_path: Path, text: str) -> None:  # type: ignore[no-untyped-def]
+    """The daemon still starts (serving, with /readyz naming the journal) instead of exiting
+    at attach, which under Restart=on-failure is a crash loop; the CLI says which file is
+    wrong in one line (exit 2, no traceback); nothing on the board or in the journal moves."""
+    from edgepilot.dvfs.service import attach
+    from edgepilot.lifecycle import Daemon
+
+    fake = fake_board("rpi5")
+    state = tmp_path / "state"
+    state.mkdir()
+    jr.journal_path(state).write_text(text)
+    before = fake.files()
+    config = parse_config({"daemon": {"sysfs_root": str(fake.root), "state_dir": str(state)},
+                           "dvfs": {"profile": "performance"}})
+    daemon = Daemon(config)
+    services = attach(daemon)
+
+    async def start_stop() -> str | None:
+        await services[0].start()
+        reason = daemon.readiness.get("dvfs")
+        with pytest.raises(EdgepilotError, match=r"dvfs-journal\.json"):
+            await services[0].stop()
+        return reason
+
+    reason = asyncio.run(start_stop())
+    daemon.executor.shutdown()
+    assert reason is not None and "dvfs-journal.json is unreadable" in reason
+    assert differences(before, fake.files()) == []
+    assert jr.journal_path(state).read_text() == text
+    for verb in ("restore", "status"):
+        out = subprocess.run([sys.executable, "-m", "edgepilot", "--sysfs-root", str(fake.root),
+                              "--state-dir", str(state), "profile", verb],
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.startswith("edgepilot: error: the DVFS journal")
+        assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1

@@ -78,12 +78,38 @@ def load(state_dir: Path) -> Journal | None:
     path = journal_path(state_dir)
     try:
         raw = json.loads(path.read_text())
-        return Journal(**raw)
+        journal = Journal(**raw)
+        _check_types(journal)
+        return journal
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError) as exc:
         raise BoardError(f"the DVFS journal {path} is unreadable ({exc}); inspect it, restore the "
                          "clocks by hand and delete it", field="state_dir") from None
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in value.items())
+
+
+def _check_types(j: Journal) -> None:
+    """A journal whose fields have the wrong shape (hand-edited, another version) is refused
+    here, not half-way through a restore."""
+    bad = [name for name, ok in (
+        ("sysfs_root", isinstance(j.sysfs_root, str)),
+        ("profile", j.profile is None or isinstance(j.profile, str)),
+        ("original", _texts(j.original)),
+        ("applied", j.applied is None or _texts(j.applied)),
+        ("nvpmodel_before", j.nvpmodel_before is None or (isinstance(j.nvpmodel_before, int)
+                                                          and not isinstance(j.nvpmodel_before,
+                                                                             bool))),
+        ("jetson_clocks_store", j.jetson_clocks_store is None
+         or isinstance(j.jetson_clocks_store, str)),
+        ("jetson_clocks_locked", isinstance(j.jetson_clocks_locked, bool)),
+    ) if not ok]
+    if bad:
+        raise ValueError(f"field(s) {', '.join(bad)} have the wrong type")
 
 
 def remove(state_dir: Path) -> None:

@@ -57,7 +57,14 @@ class ProfileManager:
         self.set_tools(nvpmodel, jetson_clocks)
         # set by the daemon's DVFS service: () -> the thermal guard's state, for status()
         self.thermal_state: Callable[[], dict[str, Any]] | None = None
-        current = jr.load(self.state_dir)
+        try:
+            current = jr.load(self.state_dir)
+        except BoardError as exc:
+            # a corrupt journal must not keep the daemon (or `profile status`) from starting,
+            # or systemd restarts it forever; every DVFS transaction still refuses it by name
+            # (the daemon's crash recovery logs it once, the CLI prints it once)
+            log.debug("%s", exc.message)
+            current = None
         # a journal from another process on the same root means a profile is in force
         self.active_name: str | None = current.profile if current and current.applied else None
 
