@@ -211,3 +211,34 @@ def test_sighup_refuses_what_only_the_running_daemon_can_judge(tmp_path: Path) -
     finally:
         assert d.stop() == 0
         ns.close()
+
+
+def test_systemd_unit_does_what_a_real_board_needs() -> None:
+    """Read the unit as systemd would on a Jetson/Pi: no restart loop on an operator error,
+    no mandatory config file, nvpmodel's state writable, no device allow-list that shuts out
+    vendor GPU/NPU nodes (misc majors, /dev/dri is a directory DeviceAllow= cannot name)."""
+    import shlex
+
+    keys: dict[str, list[str]] = {}
+    for line in (REPO / "systemd" / "edgepilot.service").read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            k, v = line.split("=", 1)
+            keys.setdefault(k.strip(), []).append(v.strip())
+    exec_start = shlex.split(keys["ExecStart"][0])
+    assert "--config" not in exec_start and exec_start[-1] == "run"
+    # 2 is the CLI's exit status for operator errors (next test)
+    assert "2" in " ".join(keys["RestartPreventExitStatus"]).split()
+    assert "-/var/lib/nvpmodel" in " ".join(keys["ReadWritePaths"]).split()
+    assert "DeviceAllow" not in keys and keys.get("DevicePolicy", ["auto"]) == ["auto"]
+    assert {"video", "render"} <= set(" ".join(keys["SupplementaryGroups"]).split())
+    stop_s = int(keys["TimeoutStopSec"][0].rstrip("s"))
+    assert stop_s >= 10 + 2 * 10 + 10  # drain + two tool timeouts + sysfs restore
+
+
+def test_missing_config_file_exits_2_the_status_the_unit_does_not_restart(
+        tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "edgepilot", "--config",
+                           str(tmp_path / "absent.toml"), "--state-dir", str(tmp_path / "s"),
+                           "run", "--port", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
