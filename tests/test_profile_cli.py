@@ -77,3 +77,36 @@ def test_human_output_and_errors(fake_board, tmp_path: Path) -> None:  # type: i
 def test_name_is_required(fake_board, tmp_path: Path, verb: str) -> None:  # type: ignore[no-untyped-def]
     proc = cli(fake_board("rpi5"), tmp_path / "s", verb, ok=False)
     assert "name" in proc.stderr
+
+
+@pytest.mark.parametrize(("where", "verb", "says"), [
+    ("file", "apply", "cannot hold the DVFS lock"),
+    ("file", "status", "is not a directory"),
+    ("under-file", "apply", "cannot hold the DVFS lock"),
+    ("under-file", "restore", "cannot hold the DVFS lock"),
+])
+def test_an_unusable_state_dir_is_one_line_naming_it(
+        fake_board, tmp_path: Path, where: str, verb: str, says: str) -> None:  # type: ignore[no-untyped-def]
+    """A state dir that is a file (or lies below one) was a traceback (mkdir of the lock) or
+    blamed a 'corrupt journal' and told the operator to restore clocks by hand."""
+    fake = fake_board("rpi5")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    state = blocker if where == "file" else blocker / "state"
+    before = fake.files()
+    proc = cli(fake, state, verb, *(["performance"] if verb == "apply" else []), ok=False,
+               tools=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"edgepilot: error: state dir {state} ") and says in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "journal is unreadable" not in proc.stderr
+    assert fake.files() == before
+
+
+def test_a_model_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "models"
+    blocker.write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "edgepilot", "--state-dir", str(tmp_path / "s"),
+                           "--model-dir", str(blocker), "plan", "demo-mlp"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"model dir {blocker} cannot be created" in proc.stderr

@@ -83,6 +83,9 @@ def load(state_dir: Path) -> Journal | None:
         return journal
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        raise BoardError(f"state dir {state_dir} is not a directory; point --state-dir or "
+                         "[daemon] state_dir at one", field="state_dir") from None
     except (OSError, ValueError, TypeError) as exc:
         raise BoardError(f"the DVFS journal {path} is unreadable ({exc}); inspect it, restore the "
                          "clocks by hand and delete it", field="state_dir") from None
@@ -121,8 +124,13 @@ def remove(state_dir: Path) -> None:
 def locked(state_dir: Path) -> Iterator[None]:
     """Serialise DVFS transactions between processes (daemon and CLI) sharing a state dir."""
     state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise BoardError(f"state dir {state_dir} cannot hold the DVFS lock and journal "
+                         f"({exc.strerror}); point --state-dir or [daemon] state_dir at a "
+                         "writable directory; nothing was changed", field="state_dir") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from edgepilot.config import ModelEntry
+from edgepilot.errors import ConfigError
 from edgepilot.models import files
 from edgepilot.models.gguf_gen import GgufSpec, write_gguf
 
@@ -30,7 +31,12 @@ def ensure_demo_models(model_dir: Path) -> list[ModelEntry]:
     """
     if model_files(model_dir):
         return []
-    model_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        model_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"model dir {model_dir} cannot be created ({exc.strerror}); point "
+                          "--model-dir or [daemon] model_dir at a writable directory",
+                          field="daemon.model_dir") from None
     gguf = write_gguf(model_dir / DEMO_GGUF, GgufSpec(n_layers=2, n_embd=64, n_ff=128))
     from edgepilot.models.onnx_gen import mlp_stack
 
