@@ -347,3 +347,21 @@ def test_a_corrupt_journal_is_a_clear_error_not_a_crash_loop(
         assert out.returncode == 2, out.stderr
         assert out.stderr.startswith("edgepilot: error: the DVFS journal")
         assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_a_journal_from_another_sysfs_root_is_never_restored_here(
+        fake_board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """One state dir, two roots (a dry run on a fake tree, then the real board): restore and
+    apply on the second root refused the first root's journal only by luck of paths; now they
+    refuse it by name and write nothing, and the first root still restores from it."""
+    first, second = fake_board("rpi5"), fake_board("rpi5")
+    state = tmp_path / "state"
+    before_first, before_second = first.files(), second.files()
+    manager_for(first, state, monkeypatch).apply("powersave")
+    other = manager_for(second, state, monkeypatch)
+    for call in (lambda: other.restore(), lambda: other.apply("performance")):
+        with pytest.raises(ProfileError, match="belongs to sysfs root"):
+            call()
+    assert second.files() == before_second
+    manager_for(first, state, monkeypatch).restore()
+    assert differences(before_first, first.files()) == []

@@ -10,6 +10,7 @@ else changed since are left alone and reported as ``profile.conflict`` events.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -184,7 +185,7 @@ class ProfileManager:
                 if s.startswith(("nvpmodel", "jetson_clocks")):
                     log.warning("profile %s: %s", name, s)
             before = self._snapshot()
-            previous = jr.load(self.state_dir)
+            previous = self._journal()
             journal = jr.Journal(str(self.board.root), name)
             if previous is not None:
                 journal.original = previous.original
@@ -347,7 +348,7 @@ class ProfileManager:
     def restore(self, reason: str = "requested") -> dict[str, Any]:
         """Put back what edgepilot changed; leave (and report) what somebody else changed."""
         with self._lock, jr.locked(self.state_dir):
-            journal = jr.load(self.state_dir)
+            journal = self._journal()
             if journal is None:
                 self.active_name = None
                 return {"restored": False, "reason": "nothing to restore", "conflicts": []}
@@ -386,6 +387,17 @@ class ProfileManager:
                              conflicts=len(conflicts))
             return {"restored": True, "profile": journal.profile, "reason": reason,
                     "conflicts": conflicts}
+
+    def _journal(self) -> jr.Journal | None:
+        """The journal, refused when it was written for another sysfs root: its originals
+        (a fake tree's, another board's) must never be written to this one."""
+        journal = jr.load(self.state_dir)
+        if journal is not None and os.path.realpath(journal.sysfs_root) != str(self.board.root):
+            raise ProfileError(
+                f"the DVFS journal {jr.journal_path(self.state_dir)} belongs to sysfs root "
+                f"{journal.sysfs_root}, not {self.board.root}; restore it with --sysfs-root "
+                f"{journal.sysfs_root}, or use another --state-dir", field="state_dir")
+        return journal
 
     def recover(self) -> dict[str, Any] | None:
         """At start: undo a journal left by a crashed process (None when there is none)."""
