@@ -91,6 +91,23 @@ def test_phone_battery_power_uA_times_uV(fake_board, name: str, watts: float) ->
     assert Board(flipped.root).sample().power_w == pytest.approx(watts)
 
 
+@pytest.mark.parametrize("status", ["Charging\n", "Full\n"])
+def test_phone_on_a_charger_reports_no_draw(fake_board, status: str) -> None:  # type: ignore[no-untyped-def]
+    # the battery current then is what flows in, not what the SoC draws: unknown, not wrong
+    s = Board(fake_board("sm8650", overrides={
+        "/sys/class/power_supply/battery/status": status}).root).sample()
+    assert s.power_w is None
+
+
+def test_negative_shunt_noise_never_counts_as_negative_power(fake_board) -> None:  # type: ignore[no-untyped-def]
+    hw = "/sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1"
+    fake = fake_board("orin", overrides={f"{hw}/curr3_input": "-4\n", f"{hw}/in1_label": "NC\n"})
+    s = Board(fake.root).sample()
+    assert s.rails_w["VDD_SOC"] == 0.0
+    assert s.power_w is not None and s.power_w >= 0
+    assert s.power_w == pytest.approx(0.877184)
+
+
 def s_current(name: str) -> str:
     from board_fixtures import load_snapshot
 

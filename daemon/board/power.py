@@ -58,7 +58,9 @@ def read_ina3221(fs: Sysfs, hw: Path, out: PowerReading) -> None:
         if mv is None or ma is None:
             out.unreadable.append(label)
             continue
-        out.rails_w[label] = mv * ma / 1e6
+        # a rail only draws; a small negative current is shunt-offset noise near zero, and
+        # left in it would make the total (and the integrated energy) run backwards
+        out.rails_w[label] = max(mv * ma, 0) / 1e6
         out.rail_sources[label] = "ina3221"
 
 
@@ -87,6 +89,10 @@ def read_battery(fs: Sysfs) -> float | None:
     for supply in sorted(base.iterdir(), key=lambda e: e.name):
         if (fs.read_str(supply / "type") or "").lower() != "battery":
             continue
+        if (fs.read_str(supply / "status") or "").lower() in ("charging", "full"):
+            # on a charger the current is what flows into the battery, not what the SoC
+            # draws: the board's draw is unknown, and a gap beats a wrong number
+            return None
         power_uw = fs.read_int(supply / "power_now")
         if power_uw is not None:
             return abs(power_uw) / 1e6
