@@ -17,7 +17,7 @@ from typing import Any
 
 from edgepilot import __version__
 from edgepilot.config import Config, load_config, resolve_config_path
-from edgepilot.errors import EdgepilotError
+from edgepilot.errors import ConfigError, EdgepilotError
 
 log = logging.getLogger("edgepilot")
 
@@ -67,6 +67,11 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 def config_from(args: argparse.Namespace) -> Config:
     """The config every subcommand sees: file (or embedded default) + global flag overrides."""
     config = load_config(resolve_config_path(args.config), overrides_from(args))
+    root = config.daemon.sysfs_root
+    if not root.is_dir():
+        # a typo here would otherwise read as an empty generic board and "work"
+        raise ConfigError(f"sysfs root {root} is not a directory; fix --sysfs-root or "
+                          "[daemon] sysfs_root", field="daemon.sysfs_root")
     if args.log_level:
         config.daemon.log_level = args.log_level
     return config

@@ -23,7 +23,9 @@ from edgepilot.config import Config
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("doctor", help="report board, backends (PASS/FAIL probes), sysfs, MQTT")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--backend", action="append", default=None, metavar="NAME",
+    from edgepilot.backends import BACKENDS
+
+    p.add_argument("--backend", action="append", default=None, choices=sorted(BACKENDS),
                    help="probe only this backend (repeatable)")
     p.set_defaults(func=cmd_doctor)
 

@@ -83,3 +83,14 @@ def test_every_field_has_a_description() -> None:
         return missing
 
     assert walk(Config, "") == []
+
+
+def test_a_missing_sysfs_root_is_an_error_not_an_empty_board(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "edgepilot", "--sysfs-root",
+                           str(tmp_path / "typo"), "--state-dir", str(tmp_path / "s"),
+                           "profile", "status"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"sysfs root {tmp_path / 'typo'} is not a directory" in proc.stderr
