@@ -222,3 +222,17 @@ def test_an_unreadable_rail_makes_the_total_unknown_not_a_smaller_sum(
     s = Board(fake.root).sample()
     assert s.power_w is None and s.power_source is None
     assert s.rails_w  # the rails that did read are still reported
+
+
+def test_an_ina3221_that_vanishes_mid_sample_makes_the_total_unknown(fake_board) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from edgepilot.board.power import PowerReading, read_ina3221
+    from edgepilot.board.sysfs import Sysfs
+
+    fake = fake_board("orin")
+    hw = fake.root / "sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1"
+    shutil.rmtree(hw)  # the driver unbound between discovery and the read
+    out = PowerReading()
+    read_ina3221(Sysfs(fake.root), hw, out)
+    assert out.rails_w == {} and out.unreadable == ["hwmon1:*"]

@@ -44,7 +44,14 @@ def read_ina3221(fs: Sysfs, hw: Path, out: PowerReading) -> None:
 
     Unconnected channels are labelled "NC"; channel 7 ("sum of shunt voltages") is not a rail.
     """
-    for entry in sorted(hw.iterdir(), key=lambda e: e.name):
+    try:
+        entries = sorted(hw.iterdir(), key=lambda e: e.name)
+    except OSError:
+        # the device went away between discovery and this read (driver unbind, i2c error):
+        # its rails are unknown this sample, which makes the total unknown, not smaller
+        out.unreadable.append(f"{hw.name}:*")
+        return
+    for entry in entries:
         m = _IN_LABEL.match(entry.name)
         if not m:
             continue
