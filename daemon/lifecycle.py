@@ -34,6 +34,7 @@ from edgepilot.telemetry.work import WorkMeter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SERVICE_STOP_MIN_S = 5.0
 
 # Order matters: start in this order, stop in reverse (MQTT says "offline" before the board is
 # restored; models unload before DVFS is put back).
@@ -192,7 +193,9 @@ class Daemon:
         if self.http_server is not None:
             await self.http_server.stop(timeout=max(0.1, deadline - time.monotonic()))
         for svc in reversed(started):
-            remaining = max(0.5, deadline - time.monotonic())
+            # the drain deadline bounds waiting for requests; putting the board back (DVFS
+            # restore) and saying "offline" still get a few seconds each after it has passed
+            remaining = max(SERVICE_STOP_MIN_S, deadline - time.monotonic())
             try:
                 await asyncio.wait_for(svc.stop(), timeout=remaining)
             except TimeoutError:

@@ -43,3 +43,22 @@ def test_sigterm_drains_in_flight_stream_and_refuses_new_work(tmp_path: Path) ->
     finish = json.loads(events[-2])["choices"][0]["finish_reason"]
     assert finish in ("length", "stop")
     assert d.stop(timeout=30) == 0
+
+
+def test_drain_deadline_cuts_a_long_request_cleanly(tmp_path: Path) -> None:
+    closed = free_port()
+    d = DaemonProcess(tmp_path, f"[mqtt]\nport = {closed}\n[daemon]\ndrain_timeout_s = 0.2\n")
+    d.start()
+    d.wait_for("/readyz", 200, timeout=120)
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({
+        "model": "demo-chat", "prompt": "once", "max_tokens": 1900, "stream": True,
+        "temperature": 1.0, "seed": 1}), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data: ")
+    d.send_signal(signal.SIGTERM)
+    assert d.stop(timeout=30) == 0
+    out = d.output()
+    # the cut is logged as the deadline, not as a crash with a stack trace
+    assert "Exception in ASGI application" not in out
+    assert "Traceback" not in out

@@ -19,6 +19,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class _DrainCutFilter(logging.Filter):
+    """Drop uvicorn's stack trace for a request the drain deadline cancelled: the shutdown log
+    already says the deadline passed, and the trace reads like a crash to an operator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
+
+
+logging.getLogger("uvicorn.error").addFilter(_DrainCutFilter())
+
+
 class _Server(uvicorn.Server):
     # The daemon owns SIGTERM/SIGINT (drain, restore DVFS, notify systemd); uvicorn must not
     # install its own handlers over ours.
