@@ -179,15 +179,16 @@ def test_prompt_longer_than_the_context_is_a_400_naming_the_field(
                                 {"model": "tiny", "max_tokens": 2,
                                  "messages": [{"role": "user", "content": long}]})
     assert code == 400 and body["error"]["param"] == "messages", body
-    body_bytes = json.dumps({"model": "tiny", "prompt": long, "max_tokens": 2,
-                             "stream": True}).encode()
-    req = urllib.request.Request(daemon.url + "/v1/completions", data=body_bytes,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        events = [line for line in resp.read().decode().splitlines() if line]
-    error = json.loads(events[0].removeprefix("data: "))["error"]
-    assert error["code"] == "bad_request" and error["field"] == "prompt"
-    assert events[-1] == "data: [DONE]"
+    # streamed too: the refusal comes before the first token, so it is a 400, not a 200 with
+    # an error event
+    code, body = daemon.request("POST", "/v1/completions",
+                                {"model": "tiny", "prompt": long, "max_tokens": 2,
+                                 "stream": True})
+    assert code == 400 and body["error"]["param"] == "prompt", body
+    code, body = daemon.request("POST", "/v1/chat/completions",
+                                {"model": "tiny", "max_tokens": 2, "stream": True,
+                                 "messages": [{"role": "user", "content": long}]})
+    assert code == 400 and body["error"]["param"] == "messages", body
     ok = client.completions.create(model="tiny", prompt="edge", max_tokens=2, temperature=0)
     assert ok.choices[0].finish_reason in ("length", "stop")
 

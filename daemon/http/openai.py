@@ -178,38 +178,70 @@ async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req
     except Exception:
         registry.release(lm)
         raise
+    worker = _Worker(daemon, registry, lm, call, params)
+    try:
+        # wait for the first token: a request llama.cpp refuses (a prompt over the context,
+        # an option the model was not loaded for) is then a proper HTTP error, not a 200
+        # followed by an error event
+        first = await worker.items.get()
+    except BaseException:
+        worker.finish()
+        raise
+    if first[0] == "error":
+        worker.finish()
+        daemon.work.record(req.model, time.monotonic() - started, ok=False)
+        raise first[1]
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return StreamingResponse(
-        _stream(daemon, registry, lm, req.model, call, params, include_usage, started),
+        _stream(daemon, worker, first, req.model, include_usage, started),
         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: str,
-                  call: Callable[..., Any], params: dict[str, Any], include_usage: bool,
-                  started: float) -> AsyncIterator[str]:
-    loop = asyncio.get_running_loop()
-    items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    stop = threading.Event()
+class _Worker:
+    """One streamed generation in a worker thread, handing chunks to the loop."""
 
-    def work() -> None:
-        try:
-            chunks = call(**params, stream=True, cancel=stop)
-            with contextlib.closing(iter(chunks)) as it:
-                for chunk in it:
-                    loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
-                    if stop.is_set():  # the client went away; closing ends llama's generation
-                        break
-            loop.call_soon_threadsafe(items.put_nowait, ("end", chunks.usage))
-        except Exception as exc:
-            loop.call_soon_threadsafe(items.put_nowait, ("error", exc))
+    def __init__(self, daemon: Any, registry: ModelRegistry, lm: LoadedModel,
+                 call: Callable[..., Any], params: dict[str, Any]) -> None:
+        self.registry, self.lm = registry, lm
+        loop = asyncio.get_running_loop()
+        self.items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.stop = threading.Event()
+        items, stop = self.items, self.stop
 
-    fut = loop.run_in_executor(daemon.executor, work)
+        def work() -> None:
+            try:
+                chunks = call(**params, stream=True, cancel=stop)
+                with contextlib.closing(iter(chunks)) as it:
+                    for chunk in it:
+                        loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
+                        if stop.is_set():  # the client went away; closing ends generation
+                            break
+                loop.call_soon_threadsafe(items.put_nowait, ("end", chunks.usage))
+            except Exception as exc:
+                loop.call_soon_threadsafe(items.put_nowait, ("error", exc))
+
+        self.fut = loop.run_in_executor(daemon.executor, work)
+        # the device is freed when the worker leaves the runtime, whatever happens to the
+        # response (even one whose body is never iterated because the client left first)
+        self.fut.add_done_callback(self._release)
+
+    def _release(self, _: Any) -> None:
+        self.registry.queue(self.lm.device).release()
+        self.registry.release(self.lm)
+
+    def finish(self) -> None:
+        """Stop generating at the next token (the device is freed once the worker is out)."""
+        self.stop.set()
+
+
+async def _stream(daemon: Any, worker: _Worker, first: tuple[str, Any], name: str,
+                  include_usage: bool, started: float) -> AsyncIterator[str]:
     last: dict[str, Any] = {}
     usage: dict[str, int] | None = None
     ok = False
+    kind, item = first
     try:
         while True:
-            kind, item = await items.get()
             if kind == "chunk":
                 item["model"] = name
                 last = item
@@ -220,6 +252,7 @@ async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: s
             else:
                 ok, usage = True, item
                 break
+            kind, item = await worker.items.get()
         completion = usage["completion_tokens"] if usage else 0
         if ok and include_usage and usage is not None:
             tail: dict[str, Any] = {"id": last.get("id"), "object": last.get("object"),
@@ -229,12 +262,4 @@ async def _stream(daemon: Any, registry: ModelRegistry, lm: LoadedModel, name: s
         yield "data: [DONE]\n\n"
         daemon.work.record(name, time.monotonic() - started, tokens=completion, ok=ok)
     finally:
-        stop.set()
-        queue = registry.queue(lm.device)
-
-        def _done(_: Any) -> None:
-            # free the device only once the worker has left the runtime
-            queue.release()
-            registry.release(lm)
-
-        fut.add_done_callback(_done)
+        worker.finish()
