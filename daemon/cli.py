@@ -26,6 +26,7 @@ SUBCOMMANDS: list[str] = [
     "edgepilot.doctor",
     "edgepilot.profile_cli",
     "edgepilot.plan_cli",
+    "edgepilot.sweep_cli",
 ]
 
 
