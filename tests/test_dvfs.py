@@ -365,3 +365,25 @@ def test_a_journal_from_another_sysfs_root_is_never_restored_here(
     assert second.files() == before_second
     manager_for(first, state, monkeypatch).restore()
     assert differences(before_first, first.files()) == []
+
+
+@pytest.mark.parametrize("board_name", ["orin", "sm8650", "mt6989"])
+def test_switching_from_performance_to_powersave_needs_no_restore_first(
+        fake_board, tmp_path: Path, board_name: str) -> None:  # type: ignore[no-untyped-def]
+    # performance raises the GPU's min to its max; powersave caps max and sets no min: the
+    # board's own min from before any profile must make room (it was refused as "max below
+    # the current min" before, which also broke thermal fallback chains). No vendor tools
+    # here, so no nvpmodel mode change resets the limits in between.
+    fake = fake_board(board_name)
+    mgr = ProfileManager(Board(fake.root), ProfileStore(), tmp_path / "state", None)
+    before = fake.files()
+    mgr.apply("performance")
+    mgr.apply("powersave")
+    assert mgr.active_name == "powersave"
+    for t in mgr.show("powersave")["plan"]["targets"]:
+        if t["kind"] != "cpu" and t.get("max_hz") is not None:
+            d = f"/sys/class/devfreq/{t['name']}"
+            lo = int(fake.read(f"{d}/min_freq"))
+            assert lo <= int(fake.read(f"{d}/max_freq")) == t["max_hz"]
+    mgr.restore()
+    assert fake.files() == before

@@ -19,7 +19,7 @@ from typing import Any
 from edgepilot.board import Board
 from edgepilot.dvfs import journal as jr
 from edgepilot.dvfs.profiles import Profile, ProfileStore
-from edgepilot.dvfs.resolve import Plan, TargetPlan, build_plan, limit_order
+from edgepilot.dvfs.resolve import Plan, build_plan, limit_order, target_steps
 from edgepilot.dvfs.thermal import validate_limits
 from edgepilot.dvfs.tools import JetsonClocks, NvpModel, ToolLocation, locate_tool
 from edgepilot.errors import BoardError, EdgepilotError, NotFoundError, ProfileError
@@ -225,7 +225,7 @@ class ProfileManager:
                 for path, text in self._snapshot().items():
                     journal.original.setdefault(path, before.get(path, text))
                 jr.save(self.state_dir, journal)
-                written = self._write_plan(plan)
+                written = self._write_plan(plan, journal.original)
             except EdgepilotError as exc:
                 self._rollback(before, journal, previous, ran_nvpmodel, ran_store, ran_unlock)
                 self.events.emit("profile.failed", profile=name, message=exc.message,
@@ -242,10 +242,10 @@ class ProfileManager:
                              skipped=plan.skipped, reason=reason)
             return result
 
-    def _write_plan(self, plan: Plan) -> Writes:
+    def _write_plan(self, plan: Plan, baseline: dict[str, str]) -> Writes:
         steps: Steps = []
         for tp in plan.targets:
-            steps += self._target_steps(tp)
+            steps += target_steps(self.board.fs, tp, baseline)
         written = []
         for path, value in steps:
             now = self.board.read_value(path)
@@ -254,28 +254,6 @@ class ProfileManager:
             self.board.write_value(path, f"{value}\n")
             written.append({"path": self.board.fs.rel(path), "value": value})
         return written
-
-    def _target_steps(self, tp: TargetPlan) -> Steps:
-        gov_f, min_f, max_f, speed_f = tp.files
-        steps: Steps = []
-        if tp.governor is not None:
-            steps.append((tp.dir / gov_f, tp.governor))
-        cur_min = self.board.fs.read_int(tp.dir / min_f)
-        cur_max = self.board.fs.read_int(tp.dir / max_f)
-        new_min, new_max = tp.min, tp.max
-        # a lone min above the current max (or max below min) cannot be ordered: refuse early
-        if new_max is None and new_min is not None and cur_max is not None and new_min > cur_max:
-            raise ProfileError(f"{tp.name}: min {new_min} is above the current max {cur_max} "
-                               "and the profile sets no max; add a max", field=f"{tp.name}.min")
-        if new_min is None and new_max is not None and cur_min is not None and new_max < cur_min:
-            raise ProfileError(f"{tp.name}: max {new_max} is below the current min {cur_min} "
-                               "and the profile sets no min; add a min", field=f"{tp.name}.max")
-        for which in limit_order(cur_min, cur_max, new_min, new_max):
-            steps.append((tp.dir / (min_f if which == "min" else max_f),
-                          str(new_min if which == "min" else new_max)))
-        if tp.setspeed is not None:
-            steps.append((tp.dir / speed_f, str(tp.setspeed)))
-        return steps
 
     def _snapshot(self) -> dict[str, str]:
         """Exact text of every governor/min/max file of online devices (setspeed excluded:

@@ -14,6 +14,7 @@ from typing import Any
 
 from edgepilot.board import Board
 from edgepilot.board.cpufreq import Policy
+from edgepilot.board.sysfs import Sysfs
 from edgepilot.dvfs.profiles import (
     CPU_SELECTORS_HELP,
     DEVFREQ_SELECTORS_HELP,
@@ -235,3 +236,42 @@ def limit_order(cur_min: int | None, cur_max: int | None, new_min: int | None,
     else:
         order = ["min", "max"]
     return [o for o in order if (new_min if o == "min" else new_max) is not None]
+
+
+def target_steps(fs: Sysfs, tp: TargetPlan, baseline: dict[str, str]) -> list[tuple[Path, str]]:
+    """The (file, value) writes that put ``tp`` on the board, limits in an order the kernel
+    accepts; ``baseline`` is the board as found before any profile (the journal's originals)."""
+    gov_f, min_f, max_f, speed_f = tp.files
+
+    def base(name: str) -> int | None:
+        text = (baseline.get(fs.rel(tp.dir / name)) or "").strip()
+        return int(text) if text.isdigit() else None
+
+    steps: list[tuple[Path, str]] = []
+    if tp.governor is not None:
+        steps.append((tp.dir / gov_f, tp.governor))
+    cur_min = fs.read_int(tp.dir / min_f)
+    cur_max = fs.read_int(tp.dir / max_f)
+    new_min, new_max = tp.min, tp.max
+    # switching profiles: a limit the last profile raised (performance's GPU min = max) must
+    # not block this one's cap; the board's own value from before any profile does
+    b_min, b_max = base(min_f), base(max_f)
+    if new_min is None and new_max is not None and cur_min is not None \
+            and new_max < cur_min and b_min is not None and b_min <= new_max:
+        new_min = b_min
+    if new_max is None and new_min is not None and cur_max is not None \
+            and new_min > cur_max and b_max is not None and b_max >= new_min:
+        new_max = b_max
+    # a lone min above the current max (or max below min) cannot be ordered: refuse early
+    if new_max is None and new_min is not None and cur_max is not None and new_min > cur_max:
+        raise ProfileError(f"{tp.name}: min {new_min} is above the current max {cur_max} "
+                           "and the profile sets no max; add a max", field=f"{tp.name}.min")
+    if new_min is None and new_max is not None and cur_min is not None and new_max < cur_min:
+        raise ProfileError(f"{tp.name}: max {new_max} is below the current min {cur_min} "
+                           "and the profile sets no min; add a min", field=f"{tp.name}.max")
+    for which in limit_order(cur_min, cur_max, new_min, new_max):
+        steps.append((tp.dir / (min_f if which == "min" else max_f),
+                      str(new_min if which == "min" else new_max)))
+    if tp.setspeed is not None:
+        steps.append((tp.dir / speed_f, str(tp.setspeed)))
+    return steps
