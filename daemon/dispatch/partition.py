@@ -13,7 +13,6 @@ full range is the whole model, so an all-one-target plan compiles exactly the or
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 from edgepilot.backends.base import ModelKind, Segment
 from edgepilot.errors import PlanError
+from edgepilot.models import files
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,6 @@ class Partition:
     def boundary_bytes(self, i: int) -> int:
         """Bytes crossing the cut before layer ``i`` (0 < i < len(layers))."""
         return self.layers[i].in_bytes
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def range_io(nodes: Sequence[Node], s: int, e: int,
@@ -209,5 +201,5 @@ def partition(path: Path, kind: ModelKind | None = None, *,
                         f"allowed extensions: .onnx, .tflite (GGUF is planned by n_gpu_layers)",
                         field="model")
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
-    return Partition(path, kind, file_sha256(path), tuple(ins), tuple(outs), layers,
+    return Partition(path, kind, files.sha256_of(path), tuple(ins), tuple(outs), layers,
                      list(nodes), sizes)

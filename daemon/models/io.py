@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,24 @@ _TFLITE_DTYPES = {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", 
 
 
 def tensor_specs(path: Path, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """(inputs, outputs) of ``path``: names, numpy dtype names, shapes (None = dynamic)."""
+    """(inputs, outputs) of ``path``: names, numpy dtype names, shapes (None = dynamic).
+
+    Every tensor request validates against these, so they are kept per (file, mtime, size):
+    parsing a 25 MB ONNX file took 2.8 ms, several times the inference it guarded.
+    """
+    st = path.stat()
+    ins, outs = _specs(str(path), kind, st.st_mtime_ns, st.st_size)
+    return list(ins), list(outs)
+
+
+@functools.lru_cache(maxsize=64)
+def _specs(path_str: str, kind: str, _mtime_ns: int, _size: int
+           ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    ins, outs = _read_specs(Path(path_str), kind)
+    return tuple(ins), tuple(outs)
+
+
+def _read_specs(path: Path, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
     if kind == "onnx":
         return _onnx_specs(path)
     if kind == "tflite":
