@@ -160,36 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                                                   "speedup_vs_best_single_paired",
                                                   "predicted_vs_measured", "plan_time")}),
                   file=sys.stderr)
-        total_hits = total = 0
-        for target, samples in sorted(pooled.items()):
-            hits, count, errors = leave_one_out(samples)
-            total_hits += hits
-            total += count
-            results["predictor"][target] = {
-                "layers": count, "within_10pct": hits,
-                "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
-                if errors else None}
-        results["predictor_overall"] = {"layers": total, "within_10pct": total_hits}
+        results["predictor"], results["predictor_overall"] = _loo_scores(pooled, leave_one_out)
         # the round-2 predictor: additive NNLS fit per (target, op class), terms chosen by
         # inner leave-one-out; the held-out layer is never part of any fit or choice
-        hits_c = total_c = 0
-        results["predictor_by_op_class"] = {}
-        for key, samples in sorted(by_class.items()):
-            hits, count, errors = leave_one_out_linear(samples)
-            hits_c += hits
-            total_c += count
-            results["predictor_by_op_class"][key] = {
-                "layers": count, "within_10pct": hits,
-                "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
-                if errors else None}
-        results["predictor_by_op_class_overall"] = {"layers": total_c, "within_10pct": hits_c}
+        results["predictor_by_op_class"], results["predictor_by_op_class_overall"] = \
+            _loo_scores(by_class, leave_one_out_linear)
         # the same predictor fitted/evaluated on the geometric mean of the two timing runs
-        hits_a = total_a = 0
-        for samples in by_class_avg.values():
-            hits, count, _ = leave_one_out_linear(samples)
-            hits_a += hits
-            total_a += count
-        results["predictor_two_runs_overall"] = {"layers": total_a, "within_10pct": hits_a}
+        _, results["predictor_two_runs_overall"] = _loo_scores(by_class_avg,
+                                                               leave_one_out_linear)
         # the daemon's predictor: kernel corpus x correction from the model's other layers
         results["kernel_predictor"] = {t: _score(v) for t, v in sorted(kernel_pairs.items())}
         results["kernel_predictor_overall"] = _score(
@@ -223,6 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
+
+def _loo_scores(groups: dict[Any, Any], score: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    """Leave-one-out ``score`` per group and pooled: hits within ±10%, count, median |error|."""
+    per: dict[str, Any] = {}
+    hits_all = count_all = 0
+    for key, samples in sorted(groups.items()):
+        hits, count, errors = score(samples)
+        hits_all += hits
+        count_all += count
+        per[str(key)] = {"layers": count, "within_10pct": hits,
+                         "median_abs_error": sorted(abs(e) for e in errors)[len(errors) // 2]
+                         if errors else None}
+    return per, {"layers": count_all, "within_10pct": hits_all}
 
 if __name__ == "__main__":
     raise SystemExit(main())

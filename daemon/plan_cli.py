@@ -40,14 +40,18 @@ def progress_bar(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def make_dispatcher(config: Config) -> Any:
-    from edgepilot.dispatch.dispatcher import Dispatcher
-
+def ensure_models(config: Config) -> None:
+    """Like the daemon: an empty model dir gets the demo models (demo-chat, demo-mlp)."""
     if config.daemon.demo_models and not config.models:
         from edgepilot.models.demo import ensure_demo_models
 
-        # like the daemon: an empty model dir gets the demo models (demo-chat, demo-mlp)
         ensure_demo_models(config.model_dir)
+
+
+def make_dispatcher(config: Config) -> Any:
+    from edgepilot.dispatch.dispatcher import Dispatcher
+
+    ensure_models(config)
     board = None
     try:
         from edgepilot.board import Board

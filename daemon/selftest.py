@@ -21,6 +21,7 @@ import numpy as np
 from edgepilot.backends import BACKENDS, load_backend
 from edgepilot.backends.base import Backend, BackendUnavailable, Segment, Target
 from edgepilot.config import Config
+from edgepilot.dispatch.tolerance import tensor_error
 from edgepilot.errors import EdgepilotError
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,6 @@ class BackendResult:
     version: str | None = None
     reason: str = ""
     targets: list[TargetResult] = field(default_factory=list)
-
-
-def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a64 - b64)) / max(float(np.linalg.norm(b64)), 1e-12)
 
 
 def settings_for(config: Config, name: str) -> Any:
@@ -151,7 +147,7 @@ def _check(backend: Backend, seg: Segment, target: Target, feeds: dict[str, np.n
         return TargetResult(str(target), False, "output has NaN/Inf", ms)
     if ref is None:
         return TargetResult(str(target), True, f"ran, output shape {list(out.shape)}", ms)
-    err = rel_l2(out, ref)
+    err = tensor_error(out, ref, "rel_l2")
     tol = QUANT_TOLERANCE.get(target.precision, 0.25)
     ok = err <= tol
     verdict = "matches" if ok else "differs from"

@@ -98,9 +98,9 @@ def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
               budget_s: float) -> dict[str, Any]:
     """Every profile in turn, the board restored at the end whatever happens."""
     from edgepilot.dvfs.service import make_manager
-    from edgepilot.plan_cli import make_dispatcher
+    from edgepilot.plan_cli import ensure_models
 
-    make_dispatcher(config)  # demo models into an empty model dir, as plan/bench do
+    ensure_models(config)
     manager = make_manager(config)
     board = manager.board
     names = profiles or [p["name"] for p in manager.list() if p.get("valid")]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from edgepilot.dispatch.kernels import (
     fit_model,
 )
 from edgepilot.dispatch.partition import Node, Partition
+from edgepilot.dispatch.plan_cache import read_keyed, write_atomic
 from edgepilot.dispatch.profiler import MIN_TIMED_MS, median_ms
 from edgepilot.errors import EdgepilotError
 
@@ -279,7 +279,7 @@ class CorpusStore:
                 continue
             key = self.key(target, str(backend.version() or "?"))
             path = self.path(target, key)
-            data = _read(path, key)
+            data = read_keyed(path, key, FORMAT, "kernel corpus")
             if data is None:
                 pending.append((backend, target, path, key))
             else:
@@ -294,7 +294,7 @@ class CorpusStore:
                 call, points = results[str(target)]
                 data = {"format": FORMAT, "key": key, "target": str(target), "call_ms": call,
                         "points": [p.as_dict() for p in points]}
-                _write(path, data)
+                write_atomic(path, data)
                 self.measured.append(str(target))
                 self.models[str(target)] = _fit(data)
             log.info("kernel corpus for %s: %d kernels in %.1f s",
@@ -306,21 +306,3 @@ class CorpusStore:
 def _fit(data: Mapping[str, Any]) -> KernelModel | None:
     points = [KernelPoint.from_dict(p) for p in data["points"]]
     return fit_model(str(data["target"]), float(data["call_ms"]), points) if points else None
-
-
-def _read(path: Path, key: str) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable kernel corpus %s: %s", path, exc)
-        return None
-    return data if data.get("key") == key and data.get("format") == FORMAT else None
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)

@@ -36,23 +36,32 @@ class PlanCache:
         return self.directory / f"{safe}-{key}.json"
 
     def load(self, model: str, key: str) -> dict[str, Any] | None:
-        path = self.path(model, key)
-        try:
-            data: dict[str, Any] = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable plan cache %s: %s", path, exc)
-            return None
-        if data.get("key") != key or data.get("format") != FORMAT:
-            return None
-        return data
+        return read_keyed(self.path(model, key), key, FORMAT, "plan cache")
 
     def store(self, model: str, key: str, data: dict[str, Any]) -> Path:
         path = self.path(model, key)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        doc = {"format": FORMAT, "key": key, **data}
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_atomic(path, {"format": FORMAT, "key": key, **data})
         return path
+
+
+def read_keyed(path: Path, key: str, fmt: int, what: str) -> dict[str, Any] | None:
+    """A cached JSON document when it exists, parses and carries this ``key`` and ``fmt``;
+    anything else is a miss (an unreadable file is logged, never fatal: it is re-measured)."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s %s: %s", what, path, exc)
+        return None
+    if not isinstance(data, dict) or data.get("key") != key or data.get("format") != fmt:
+        return None
+    return data
+
+
+def write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` so that a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    tmp.replace(path)
