@@ -11,16 +11,23 @@ from pathlib import Path
 from daemon_proc import DaemonProcess, free_port
 
 
-def test_sigterm_drains_in_flight_stream_and_refuses_new_work(tmp_path: Path) -> None:
+def start_stream(tmp_path: Path, drain_s: float, max_tokens: int
+                 ) -> tuple[DaemonProcess, http.client.HTTPResponse]:
+    """The embedded default (no broker: a closed port) with a streamed completion under way."""
     closed = free_port()
-    d = DaemonProcess(tmp_path, f"[mqtt]\nport = {closed}\n[daemon]\ndrain_timeout_s = 60\n")
+    d = DaemonProcess(tmp_path, f"[mqtt]\nport = {closed}\n[daemon]\n"
+                                f"drain_timeout_s = {drain_s}\n")
     d.start()
     d.wait_for("/readyz", 200, timeout=120)
     conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
     conn.request("POST", "/v1/completions", body=json.dumps({
-        "model": "demo-chat", "prompt": "once", "max_tokens": 300, "stream": True,
+        "model": "demo-chat", "prompt": "once", "max_tokens": max_tokens, "stream": True,
         "temperature": 1.0, "seed": 1}), headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
+    return d, conn.getresponse()
+
+
+def test_sigterm_drains_in_flight_stream_and_refuses_new_work(tmp_path: Path) -> None:
+    d, resp = start_stream(tmp_path, 60, 300)
     assert resp.status == 200
     first = resp.readline()
     assert first.startswith(b"data: ")
@@ -46,15 +53,7 @@ def test_sigterm_drains_in_flight_stream_and_refuses_new_work(tmp_path: Path) ->
 
 
 def test_drain_deadline_cuts_a_long_request_cleanly(tmp_path: Path) -> None:
-    closed = free_port()
-    d = DaemonProcess(tmp_path, f"[mqtt]\nport = {closed}\n[daemon]\ndrain_timeout_s = 0.2\n")
-    d.start()
-    d.wait_for("/readyz", 200, timeout=120)
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=120)
-    conn.request("POST", "/v1/completions", body=json.dumps({
-        "model": "demo-chat", "prompt": "once", "max_tokens": 1900, "stream": True,
-        "temperature": 1.0, "seed": 1}), headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
+    d, resp = start_stream(tmp_path, 0.2, 1900)
     assert resp.readline().startswith(b"data: ")
     d.send_signal(signal.SIGTERM)
     assert d.stop(timeout=30) == 0
