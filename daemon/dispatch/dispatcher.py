@@ -176,7 +176,8 @@ class Dispatcher:
                  "runtimes": {"llamacpp": str(backend.version() or "?")},
                  "edgepilot": __version__}
         return GgufDispatch(key, path, backend, opts, cache=self.cache, key_parts=parts,
-                            budgets=self.budgets(), progress=self.progress, emit=self.emit)
+                            budgets=self.budgets(), progress=self.progress, emit=self.emit,
+                            hold=getattr(self.models, "hold_devices", None))
 
     def gguf_choice(self, name: str) -> GgufPlan | None:
         """The GGUF plan of ``name`` if one is planned or cached (never measures).

@@ -5,6 +5,14 @@ reference request is timed a few times: a prompt prefilled in one batch, then to
 at a time. :mod:`edgepilot.dispatch.gguf_select` picks the fastest that fits the memory budgets.
 Measurements are cached in the state dir like ONNX profiles (keyed by the file's sha256, board,
 profile and llama.cpp version), and the model registry loads the model with the plan's choice.
+
+The daemon's own traffic must not bias the choice (a request decoding on the same cores makes
+every thread count look slower, the larger ones most): each measuring round holds the device
+queues (``hold``, from the registry), so no request runs while it is timed; candidates are
+interleaved round by round, in alternating order; and when the rounds spread widely, more are
+taken, up to a bound. The choice is then checked on live traffic (:mod:`.gguf_live`): the
+loaded model asks this plan for its thread count before every request and reports the decode
+speed it got, and a close or noisy choice is settled by trying the runner-up on real requests.
 """
 
 from __future__ import annotations
@@ -17,11 +25,13 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable
+from edgepilot.dispatch.gguf_live import NOISY_SPREAD, LiveStats, LiveTrial, trial_reason
 from edgepilot.dispatch.gguf_select import (
     Candidate,
     Choice,
@@ -30,6 +40,7 @@ from edgepilot.dispatch.gguf_select import (
     candidates,
     footprint,
     select,
+    spread,
     thread_candidates,
 )
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
@@ -40,6 +51,10 @@ from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
 
 log = logging.getLogger(__name__)
 ROUNDS = 7
+# noisy rounds are measured again, ROUNDS at a time, up to this many
+MAX_ROUNDS = 21
+# holds every device queue for one measuring round (a no-op outside a running daemon)
+Hold = Callable[[], AbstractContextManager[Any]]
 
 
 @dataclass
@@ -51,34 +66,27 @@ class GgufOptions:
 
 
 def block_weight_bytes(path: Path) -> int:
-    """Bytes of the ``blk.N.*`` tensors (what offloading a block moves)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    return int(sum(int(t.n_bytes) for t in reader.tensors if t.name.startswith("blk.")))
+    """Bytes of the ``blk.N.*`` tensors (what offloading a block moves), from the header."""
+    return read_gguf_info(path).block_bytes
 
 
 def set_threads(exe: LlamaExecutable, n_threads: int) -> None:
-    """Run ``exe`` with ``n_threads`` for decode *and* prompt batches from now on.
-
-    llama-cpp-python otherwise prefills with every core whatever ``n_threads`` says, so a plan
-    that chose fewer threads would only half apply.
-    """
-    import llama_cpp
-
-    llm = exe.llm
-    with exe.lock:
-        llama_cpp.llama_set_n_threads(llm.ctx, n_threads, n_threads)
-        llm.n_threads = llm.n_threads_batch = n_threads
-        llm.context_params.n_threads = llm.context_params.n_threads_batch = n_threads
+    """Run ``exe`` with ``n_threads`` for decode *and* prompt batches from now on."""
+    exe.set_threads(n_threads)
 
 
 def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: int,
             threads: list[int], prompt_tokens: int, decode_tokens: int,
-            rounds: int = ROUNDS) -> list[Measurement]:
+            rounds: int = ROUNDS, max_rounds: int = MAX_ROUNDS,
+            hold: Hold = nullcontext) -> list[Measurement]:
     """Load ``path`` once with ``n_gpu_layers`` and time the reference request for every
-    thread count, interleaved round by round so that load on a shared board hits all alike;
-    per-token medians over ``rounds``."""
+    thread count; per-token medians over the rounds.
+
+    Each round times every thread count, in alternating order, inside ``hold()`` (the daemon
+    holds its device queues: no request runs meanwhile). After ``rounds`` rounds, if any
+    count's decode times spread more than :data:`~.gguf_live.NOISY_SPREAD`, ``rounds`` more
+    are taken, up to ``max_rounds``.
+    """
     # a short context: speed at the start of a conversation, and little memory while measuring
     n_ctx = prompt_tokens + decode_tokens + 8
     try:
@@ -92,21 +100,33 @@ def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: 
         nxt = [(5 + 7 * i) % vocab for i in range(decode_tokens)]
         prefill: dict[int, list[float]] = {t: [] for t in threads}
         decode: dict[int, list[float]] = {t: [] for t in threads}
-        for r in range(rounds + 1):  # round 0 warms the caches and is not counted
-            for t in threads:
-                set_threads(exe, t)
-                llm.reset()
-                t0 = time.perf_counter()
-                llm.eval(prompt)
-                t1 = time.perf_counter()
-                for tok in nxt:
-                    llm.eval([tok])
-                t2 = time.perf_counter()
-                if r:
-                    prefill[t].append((t1 - t0) * 1e3 / prompt_tokens)
-                    decode[t].append((t2 - t1) * 1e3 / decode_tokens)
+        target, r = rounds, 0
+        while True:
+            # alternate the order: the first count after the hold is taken must not always be
+            # the same one (caches, frequency ramp-up)
+            order = threads if r % 2 == 0 else threads[::-1]
+            with hold():
+                for t in order:
+                    exe.set_threads(t)
+                    llm.reset()
+                    t0 = time.perf_counter()
+                    llm.eval(prompt)
+                    t1 = time.perf_counter()
+                    for tok in nxt:
+                        llm.eval([tok])
+                    t2 = time.perf_counter()
+                    if r:  # round 0 warms the caches and is not counted
+                        prefill[t].append((t1 - t0) * 1e3 / prompt_tokens)
+                        decode[t].append((t2 - t1) * 1e3 / decode_tokens)
+            if r >= target:
+                noisy = any(spread(decode[t]) > NOISY_SPREAD for t in threads)
+                if not noisy or target >= max_rounds:
+                    break
+                target = min(target + rounds, max_rounds)
+            r += 1
         return [Measurement(t, n_gpu_layers, statistics.median(prefill[t]),
-                            statistics.median(decode[t])) for t in threads]
+                            statistics.median(decode[t]), rounds=len(decode[t]),
+                            decode_spread=round(spread(decode[t]), 4)) for t in threads]
     finally:
         exe.close()
 
@@ -131,14 +151,19 @@ class GgufPlan:
 
 
 class GgufDispatch:
-    """Plans one GGUF model; the same surface the dispatcher uses for tensor models."""
+    """Plans one GGUF model; the same surface the dispatcher uses for tensor models.
+
+    It is also the :class:`~edgepilot.backends.llamacpp.ThreadGovernor` of the model the
+    registry loads (:meth:`serve`): that model asks it for its thread count before each request
+    and reports each request's decode speed, which the live check uses.
+    """
 
     builder = None  # no per-layer cost tables: fault/drift replans do not apply
 
     def __init__(self, name: str, path: Path, backend: LlamaCppBackend, opts: GgufOptions, *,
                  cache: PlanCache | None = None, key_parts: dict[str, Any] | None = None,
                  budgets: dict[str, float] | None = None, progress: Progress | None = None,
-                 emit: Callable[..., Any] | None = None) -> None:
+                 emit: Callable[..., Any] | None = None, hold: Hold | None = None) -> None:
         self.name = name
         self.path = Path(path)
         self.backend = backend
@@ -148,13 +173,22 @@ class GgufDispatch:
         self.budgets = dict(budgets or {})
         self.progress = progress
         self.emit = emit or (lambda kind, **fields: None)
+        self.hold: Hold = hold or nullcontext
         self.info = read_gguf_info(self.path)
         self.gpu = backend.gpu_offload()
         self.plan: GgufPlan | None = None
         self.choice: Choice | None = None
         self.measured: list[Measurement] = []
         self.from_cache = False
+        # planning holds _lock for seconds; serving threads only ever take _live_lock (a
+        # request holding the device must never wait for a measurement that waits for it)
         self._lock = threading.RLock()
+        self._live_lock = threading.Lock()
+        self.trial: LiveTrial | None = None
+        self.live = LiveStats()
+        self.live_choice: int | None = None   # the thread count live serving settled on
+        self._drift_checked: str | None = None  # plan hash whose drift already started a trial
+        self._doc: dict[str, Any] | None = None  # the cache document, rewritten with "live"
 
     # ---- planning -----------------------------------------------------------------------------
     def _key(self) -> str:
@@ -170,19 +204,30 @@ class GgufDispatch:
                                     self.opts.threads)
         return candidates(self.info.n_layers, self.gpu, threads)
 
-    def load_cached(self) -> GgufPlan | None:
-        """The plan from cached measurements, without measuring; None when nothing is cached."""
-        with self._lock:
+    def load_cached(self, wait: bool = True) -> GgufPlan | None:
+        """The plan from cached measurements, without measuring; None when nothing is cached.
+
+        ``wait=False`` (a model load) does not wait for a planning in progress: it gets the
+        current plan, or None, and the model picks up the new plan at its next request.
+        """
+        if not self._lock.acquire(blocking=wait):
+            return self.plan
+        try:
             if self.plan is not None:
                 return self.plan
-            if self.cache is None:
-                return None
+            if self.cache is None or not self.cache.has(self.name):
+                return None  # nothing cached for this name: no need to hash the file
             data = self.cache.load(self.name, self._key())
             if data is None:
                 return None
             self.measured = [Measurement.from_dict(m) for m in data["measurements"]]
             self.from_cache = True
+            self._doc = data
+            live = data.get("live") or {}
+            self.live_choice = live.get("n_threads")
             return self._choose("cache", data.get("confirm_ms"))
+        finally:
+            self._lock.release()
 
     def prepare(self, reprofile: bool = False) -> GgufPlan:
         """Measure every candidate (or load them from the cache) and choose."""
@@ -195,10 +240,12 @@ class GgufDispatch:
             cands = self._cands()
             layers = sorted({c.n_gpu_layers for c in cands})
             self.measured = []
+            self.live_choice = None  # new measurements: live serving is asked again
             for k, ngl in enumerate(layers):
                 threads = sorted({c.n_threads for c in cands if c.n_gpu_layers == ngl})
                 self.measured += measure(self.backend, self.path, self.info, ngl, threads,
-                                         self.opts.prompt_tokens, self.opts.decode_tokens)
+                                         self.opts.prompt_tokens, self.opts.decode_tokens,
+                                         hold=self.hold)
                 if self.progress:
                     self.progress(k + 1, len(layers) + 1, f"{self.name}: n_gpu_layers {ngl}, "
                                   f"threads {threads}")
@@ -206,19 +253,19 @@ class GgufDispatch:
             plan = self._choose("reprofile" if reprofile else "initial", None)
             confirm = measure(self.backend, self.path, self.info, plan.n_gpu_layers,
                               [plan.n_threads], self.opts.prompt_tokens,
-                              self.opts.decode_tokens)[0]
+                              self.opts.decode_tokens, hold=self.hold)[0]
             if self.progress:
                 self.progress(len(layers) + 1, len(layers) + 1, f"{self.name}: check")
             plan.measured_ms = confirm.decode_ms_per_token
+            self._doc = {"model": self.name, "kind": "gguf", "parts": self.key_parts,
+                         "measurements": [m.as_dict() for m in self.measured],
+                         "confirm_ms": plan.measured_ms}
             if self.cache is not None:
-                self.cache.store(self.name, self._key(), {
-                    "model": self.name, "kind": "gguf", "parts": self.key_parts,
-                    "measurements": [m.as_dict() for m in self.measured],
-                    "confirm_ms": plan.measured_ms})
+                self.cache.store(self.name, self._key(), self._doc)
             return plan
 
     def _footprints(self) -> dict[Candidate, Footprint]:
-        blocks = block_weight_bytes(self.path)
+        blocks = self.info.block_bytes
         kv = self.backend.settings.kv_cache_type
         return {m.candidate: footprint(self.info, blocks, m.n_gpu_layers, self.opts.n_ctx, kv)
                 for m in self.measured}
@@ -227,17 +274,123 @@ class GgufDispatch:
         choice = select(self.measured, self._footprints(), self.budgets,
                         self.opts.prompt_tokens, self.opts.decode_tokens)
         best = choice.chosen
+        settled = self._settled(choice)
+        if settled is not None:  # live serving already compared these two: its word stands
+            best = settled
         assert best.decode_ms_per_token is not None
         old = self.plan
-        self.choice = choice
-        self.plan = GgufPlan(self.name, files.sha256_of(self.path), best.n_threads,
-                             best.n_gpu_layers, self._targets(best.n_gpu_layers),
-                             best.decode_ms_per_token, confirm_ms, reason)
-        if old is not None and old.hash != self.plan.hash:
-            self.emit("plan.changed", model=self.name, hash=self.plan.hash, previous=old.hash,
-                      reason=reason, predicted_ms=round(self.plan.predicted_ms, 4),
-                      measured_ms=self.plan.measured_ms)
+        plan = GgufPlan(self.name, files.sha256_of(self.path), best.n_threads,
+                        best.n_gpu_layers, self._targets(best.n_gpu_layers),
+                        best.decode_ms_per_token, confirm_ms, reason)
+        why = None if settled is not None else trial_reason(
+            choice.chosen, choice.runner_up, self.opts.prompt_tokens, self.opts.decode_tokens)
+        with self._live_lock:
+            self.choice = choice
+            self.plan = plan
+            self.trial = None
+            if why is not None and choice.runner_up is not None:
+                self.trial = LiveTrial(best.n_threads, choice.runner_up.n_threads, why)
+                log.info("%s: GGUF plan %s; trying %d threads on live traffic too (%s)",
+                         self.name, plan.hash, choice.runner_up.n_threads, why)
+        if old is not None and old.hash != plan.hash:
+            self.emit("plan.changed", model=self.name, hash=plan.hash, previous=old.hash,
+                      reason=reason, predicted_ms=round(plan.predicted_ms, 4),
+                      measured_ms=plan.measured_ms)
+        return plan
+
+    def _settled(self, choice: Choice) -> Measurement | None:
+        """The eligible measurement live serving chose (same GPU layers as the choice)."""
+        if self.live_choice is None:
+            return None
+        for v, m in zip(choice.verdicts, self.measured, strict=True):
+            if (m.n_threads == self.live_choice and m.n_gpu_layers == choice.chosen.n_gpu_layers
+                    and v["eligible"]):
+                return m
+        return None
+
+    # ---- live serving -------------------------------------------------------------------------
+    def serve(self, exe: LlamaExecutable) -> None:
+        """Govern the registry's loaded copy of this model: its thread count per request
+        (the plan's, or a trial's) and the decode speed it observes."""
+        exe.governor = self
+
+    def threads_for_request(self) -> int | None:
+        with self._live_lock:
+            if self.plan is None:
+                return None
+            if self.trial is not None and not self.trial.done:
+                return self.trial.next_threads()
+            return self.plan.n_threads
+
+    def observed(self, n_threads: int, decode_ms_per_token: float, tokens: int) -> None:
+        """One served request's decode speed: counted, and fed to the trial in progress (or
+        a drifting choice starts one). A trial that settles on the runner-up switches the
+        plan: ``plan.changed`` with reason ``live``, recorded in the plan cache."""
+        with self._live_lock:
+            self.live.observe(n_threads, decode_ms_per_token, tokens)
+            plan, trial = self.plan, self.trial
+            if plan is None:
+                return
+            if trial is None or trial.done:
+                self._check_drift(plan)
+                return
+            winner = trial.observe(n_threads, decode_ms_per_token, tokens)
+            if winner is None:
+                return
+            self.live_choice = winner
+            log.info("%s: live trial %s", self.name, trial.as_dict())
+            switched = self._switch(plan, winner) if winner != plan.n_threads else None
+        self._record_live(trial)
+        if switched is not None:
+            self.emit("plan.changed", model=self.name, hash=switched.hash, previous=plan.hash,
+                      reason="live", n_threads=switched.n_threads,
+                      previous_n_threads=plan.n_threads,
+                      predicted_ms=round(switched.predicted_ms, 4),
+                      measured_ms=switched.measured_ms,
+                      observed_ms={str(t): round(statistics.median(v), 4)
+                                   for t, v in trial.samples.items()})
+
+    def _check_drift(self, plan: GgufPlan) -> None:
+        # under _live_lock: serving slower than predicted starts one trial of the runner-up
+        ru = self.choice.runner_up if self.choice is not None else None
+        if (ru is None or self._drift_checked == plan.hash or ru.n_threads == plan.n_threads
+                or ru.n_gpu_layers != plan.n_gpu_layers):
+            return
+        ratio = self.live.drifted(plan.n_threads, plan.predicted_ms)
+        if ratio is None:
+            return
+        self._drift_checked = plan.hash
+        self.trial = LiveTrial(plan.n_threads, ru.n_threads,
+                               f"live decode {ratio:.2f}x the predicted {plan.predicted_ms:.2f} "
+                               "ms/token")
+
+    def _switch(self, plan: GgufPlan, n_threads: int) -> GgufPlan:
+        # under _live_lock: the plan with the thread count live serving found faster
+        m = next(x for x in self.measured
+                 if x.n_threads == n_threads and x.n_gpu_layers == plan.n_gpu_layers)
+        assert m.decode_ms_per_token is not None
+        self.plan = replace(plan, n_threads=n_threads, predicted_ms=m.decode_ms_per_token,
+                            measured_ms=self.live.median_ms(n_threads), reason="live")
         return self.plan
+
+    def _record_live(self, trial: LiveTrial) -> None:
+        """Keep the live verdict with the cached measurements: a restart does not redo it."""
+        if self.cache is None or self._doc is None:
+            return
+        doc = {**self._doc, "live": {"n_threads": trial.winner, "trial": trial.as_dict()}}
+        try:
+            self.cache.store(self.name, self._key(), doc)
+            self._doc = doc
+        except OSError as exc:  # the verdict still holds for this run
+            log.warning("%s: could not record the live trial in the plan cache: %s",
+                        self.name, exc)
+
+    def live_report(self) -> dict[str, Any]:
+        """What serving observed and what the live check did (plan JSON ``live``)."""
+        with self._live_lock:
+            return {"observed": self.live.as_dict(),
+                    "trial": None if self.trial is None else self.trial.as_dict(),
+                    "settled_n_threads": self.live_choice}
 
     def _target(self, device: str) -> str:
         return f"llamacpp/{device}/{self.info.weight_type}"
@@ -270,8 +423,9 @@ class GgufDispatch:
         assert self.plan is not None
         n, ngl = self.info.n_layers, self.plan.n_gpu_layers
         threads = sorted({m.n_threads for m in self.measured})
-        chosen = (f"n_threads {self.plan.n_threads} chosen from {threads} by measured "
-                  f"prefill/decode speed")
+        how = ("decode speed on live traffic (the runner-up was tried on real requests)"
+               if self.live_choice is not None else "measured prefill/decode speed")
+        chosen = f"n_threads {self.plan.n_threads} chosen from {threads} by {how}"
         if not self.gpu:
             return f"this llama.cpp build has no GPU backend: all {n} blocks on cpu; {chosen}"
         return (f"{ngl} of {n} blocks on gpu (llama.cpp offloads the last blocks), "
@@ -290,8 +444,10 @@ class GgufDispatch:
                 layers.append({"name": f"blk.{i}", "target": target,
                                "predicted_ms": round(share, 4), "measured_ms": None,
                                "runner_up": self._block_runner_up(i, target)})
-            best = self.choice.chosen
-            ru = self.choice.runner_up
+            best, ru = self.choice.chosen, self.choice.runner_up
+            here = Candidate(plan.n_threads, plan.n_gpu_layers)
+            if best.candidate != here:  # live serving settled on another measured candidate
+                best, ru = next(m for m in self.measured if m.candidate == here), best
             return {
                 "model": self.name, "kind": "gguf", "hash": plan.hash,
                 "predicted_ms": round(plan.predicted_ms, 4),
@@ -307,7 +463,7 @@ class GgufDispatch:
                 "segments": _segments(plan.targets),
                 "layers": layers, "candidates": self.choice.verdicts,
                 "reason": plan.reason, "error": None, "from_cache": self.from_cache,
-                "excluded": [], "monitor": {},
+                "excluded": [], "monitor": {}, "live": self.live_report(),
             }
 
     def _block_runner_up(self, i: int, target: str) -> dict[str, Any] | None:

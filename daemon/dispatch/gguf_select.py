@@ -9,6 +9,7 @@ Nothing here runs llama.cpp, so the choice can be tested on tables of measured s
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ class Measurement:
     prefill_ms_per_token: float | None
     decode_ms_per_token: float | None
     error: str | None = None
+    rounds: int = 0                       # timed rounds behind the medians
+    decode_spread: float | None = None    # (q3 - q1) / median of the rounds' decode ms/token
 
     @property
     def candidate(self) -> Candidate:
@@ -51,6 +54,16 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
         return cls(**data)
+
+
+def spread(samples: list[float]) -> float:
+    """Relative spread of repeated timings: interquartile range over the median (0 for fewer
+    than two samples). Robust to one disturbed round, unlike max - min."""
+    if len(samples) < 2:
+        return 0.0
+    ordered = sorted(samples)
+    q1, med, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    return (q3 - q1) / med if med > 0 else 0.0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,16 @@ class PlanCache:
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)[:64]
         return self.directory / f"{safe}-{key}.json"
 
+    def has(self, model: str) -> bool:
+        """Whether any plan of ``model`` is cached (no key needed: computing one may mean
+        hashing a large model file, which a model that was never planned should not pay)."""
+        prefix = self.path(model, "").name.removesuffix(".json")  # "<model>-"
+        try:
+            return any(p.name.startswith(prefix) and p.suffix == ".json"
+                       for p in self.directory.iterdir())
+        except OSError:
+            return False
+
     def load(self, model: str, key: str) -> dict[str, Any] | None:
         return read_keyed(self.path(model, key), key, FORMAT, "plan cache")
 

@@ -1,17 +1,21 @@
 """What a GGUF file needs in memory, read from its header before anything is loaded.
 
+The header is read by :mod:`edgepilot.models.gguf_header` without the tokenizer's tables, so
+this costs milliseconds, not the seconds a full ``gguf.GGUFReader`` parse takes.
+
 Weights are the sum of the tensor bytes in the file; the KV cache is
 ``2 (K and V) × layers × ctx × kv_heads × head_dim × bytes per element`` for the KV type.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from edgepilot.errors import ModelError
+from edgepilot.models.gguf_header import read_header
 
 # bytes per element of the KV cache types llama.cpp offers (q8_0/q4_0 are 32-element blocks)
 KV_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
@@ -40,6 +44,7 @@ class GgufInfo:
     weights_bytes: int
     weight_type: str
     chat_template: str | None
+    block_bytes: int = 0  # bytes of the ``blk.N.*`` tensors (what offloading a block moves)
 
     def kv_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:
         """KV cache size for ``n_ctx`` tokens (padded as llama.cpp pads it)."""
@@ -51,42 +56,63 @@ class GgufInfo:
         return self.weights_bytes + self.kv_bytes(n_ctx, kv_type) + COMPUTE_OVERHEAD_BYTES
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+def _wanted(key: str) -> bool:
+    # everything but the tokenizer's tables (tokens, scores, types, merges: most of a header)
+    return key == "tokenizer.chat_template" or not key.startswith("tokenizer.")
+
+
+_cache: dict[tuple[str, int, int], GgufInfo] = {}
+_cache_lock = threading.Lock()
+_CACHE_SIZE = 32
 
 
 def read_gguf_info(path: Path) -> GgufInfo:
-    """Parse ``path``'s header (mmap, no weights read); ModelError if it is not a usable GGUF."""
-    import gguf
-
+    """Parse ``path``'s header (no weights, no token table read); ModelError if it is not a
+    usable GGUF. Cached by (path, mtime, size): loads, plans and budget checks of one file
+    share one parse."""
     try:
-        reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError) as exc:
-        raise ModelError(f"{path.name} is not a readable GGUF file: {exc}", field="file") from None
-    arch = _field(reader, "general.architecture")
+        st = path.stat()
+    except OSError as exc:
+        raise ModelError(f"{path.name} cannot be read: {exc.strerror or exc}",
+                         field="file") from None
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    info = _parse_info(path)
+    with _cache_lock:
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = info
+    return info
+
+
+def _parse_info(path: Path) -> GgufInfo:
+    header = read_header(path, _wanted)
+    fields = header.fields
+    arch = fields.get("general.architecture")
     if not arch:
         raise ModelError(f"{path.name}: GGUF has no general.architecture", field="file")
-    n_layers = _field(reader, f"{arch}.block_count")
-    n_embd = _field(reader, f"{arch}.embedding_length")
-    n_heads = _field(reader, f"{arch}.attention.head_count")
+    n_layers = fields.get(f"{arch}.block_count")
+    n_embd = fields.get(f"{arch}.embedding_length")
+    n_heads = fields.get(f"{arch}.attention.head_count")
     if not (n_layers and n_embd and n_heads):
         raise ModelError(f"{path.name}: GGUF lacks {arch}.block_count/embedding_length/"
                          "attention.head_count; cannot estimate its memory", field="file")
     if isinstance(n_heads, list):  # per-layer head counts in some archs
         n_heads = max(n_heads)
-    n_kv = _field(reader, f"{arch}.attention.head_count_kv", n_heads)
+    n_kv = fields.get(f"{arch}.attention.head_count_kv", n_heads)
     if isinstance(n_kv, list):
         n_kv = max(n_kv)
-    head_dim = _field(reader, f"{arch}.attention.key_length", n_embd // n_heads)
+    head_dim = fields.get(f"{arch}.attention.key_length", n_embd // n_heads)
     # the dominant weight type among 2-D tensors names the file's precision (e.g. q4_0)
-    kinds = Counter(t.tensor_type.name.lower() for t in reader.tensors if len(t.shape) >= 2)
+    kinds = Counter(t.type_name for t in header.tensors if len(t.dims) >= 2)
     weight_type = kinds.most_common(1)[0][0] if kinds else "unknown"
     return GgufInfo(
         arch=str(arch), n_layers=int(n_layers), n_embd=int(n_embd), n_heads=int(n_heads),
         n_kv_heads=int(n_kv), head_dim=int(head_dim),
-        n_ctx_train=int(_field(reader, f"{arch}.context_length", 0) or 0),
-        weights_bytes=int(sum(int(t.n_bytes) for t in reader.tensors)),
-        weight_type=weight_type, chat_template=_field(reader, "tokenizer.chat_template"))
+        n_ctx_train=int(fields.get(f"{arch}.context_length", 0) or 0),
+        weights_bytes=sum(t.n_bytes for t in header.tensors),
+        weight_type=weight_type, chat_template=fields.get("tokenizer.chat_template"),
+        block_bytes=sum(t.n_bytes for t in header.tensors if t.name.startswith("blk.")))

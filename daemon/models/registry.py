@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,13 +28,15 @@ from edgepilot.errors import BackendError, ModelError, NotFoundError
 from edgepilot.models import files
 from edgepilot.models.io import tensor_specs
 from edgepilot.models.memory import tensor_memory
-from edgepilot.models.queue import DeviceQueue
+from edgepilot.models.queue import DeviceQueue, ThreadHold
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
+# how long a measurement waits for the devices before giving up (requests keep them busy)
+HOLD_TIMEOUT_S = 300.0
 # default target per kind: first of these whose backend is installed and supports the file
 DEFAULT_TARGETS: dict[str, list[tuple[str, str]]] = {
     "onnx": [("onnxruntime", "cpu")],
@@ -195,48 +198,86 @@ class ModelRegistry:
         """Blocking: verify, estimate, compile whole on the default target."""
         files.verify(model)
         if model.kind == "gguf":
-            from edgepilot.backends.llamacpp import LlamaCppBackend
-            from edgepilot.models.gguf_info import read_gguf_info
-
-            info = read_gguf_info(model.path)
-            llama = self.backend("llamacpp")
-            assert isinstance(llama, LlamaCppBackend)
-            n_ctx = model.entry.n_ctx or llama.settings.n_ctx
-            kv = llama.settings.kv_cache_type
-            need = info.estimate_bytes(n_ctx, kv)
-            self._check_budget(model.name, need, (
-                f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
-                f"{info.kv_bytes(n_ctx, kv) / MiB:.1f} MiB = 2 x {info.n_layers} layers x "
-                f"{n_ctx} ctx x {info.n_kv_heads} kv_heads x {info.head_dim} head_dim x {kv}"))
-            plan = self._gguf_plan(model.name)
-            if plan is None:
-                return llama.open(model.path, n_ctx=n_ctx, info=info), need
-            # the dispatcher measured this board: load with the plan's offload and threads
-            from edgepilot.dispatch.gguf_dispatch import set_threads
-
-            exe = llama.open(model.path, n_ctx=n_ctx, n_gpu_layers=plan.n_gpu_layers, info=info)
-            set_threads(exe, plan.n_threads)
-            log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
-                     plan.n_threads, plan.n_gpu_layers)
-            return exe, need
+            return self._compile_gguf(model)
         memory = tensor_memory(model.path, model.kind)  # model + packed weights + activations
         need = memory.total_bytes
         self._check_budget(model.name, need, memory.detail())
         exe = self.compile_whole(model)
         return exe, max(need, exe.memory_bytes)
 
-    def _gguf_plan(self, name: str) -> Any:
-        """The dispatcher's GGUF plan for ``name`` when one is planned or cached, else None."""
+    def _compile_gguf(self, model: files.ResolvedModel) -> tuple[Executable, int]:
+        """Blocking: estimate from the header, check the budget, load with the GGUF plan's
+        offload and threads when one is planned or cached, and hand the loaded model to the
+        plan, which sets its thread count per request and watches its decode speed."""
+        from edgepilot.backends.llamacpp import LlamaCppBackend
+        from edgepilot.models.gguf_info import read_gguf_info
+
+        info = read_gguf_info(model.path)
+        llama = self.backend("llamacpp")
+        assert isinstance(llama, LlamaCppBackend)
+        n_ctx = model.entry.n_ctx or llama.settings.n_ctx
+        kv = llama.settings.kv_cache_type
+        need = info.estimate_bytes(n_ctx, kv)
+        self._check_budget(model.name, need, (
+            f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
+            f"{info.kv_bytes(n_ctx, kv) / MiB:.1f} MiB = 2 x {info.n_layers} layers x "
+            f"{n_ctx} ctx x {info.n_kv_heads} kv_heads x {info.head_dim} head_dim x {kv}"))
+        gd = self._gguf_dispatch(model.name)
+        plan = None
+        if gd is not None:
+            try:
+                plan = gd.load_cached(wait=False)
+            except Exception as exc:  # a broken cache must not stop the model from loading
+                log.warning("no GGUF plan for %s (%s); loading with the configured settings",
+                            model.name, exc)
+        if plan is None:
+            exe = llama.open(model.path, n_ctx=n_ctx, info=info)
+        else:
+            # the dispatcher measured this board: load with the plan's offload and threads
+            exe = llama.open(model.path, n_ctx=n_ctx, n_gpu_layers=plan.n_gpu_layers, info=info)
+            exe.set_threads(plan.n_threads)
+            log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
+                     plan.n_threads, plan.n_gpu_layers)
+        if gd is not None:
+            gd.serve(exe)
+        return exe, need
+
+    def _gguf_dispatch(self, name: str) -> Any:
+        """The dispatcher's GGUF plan state for ``name`` (a ``GgufDispatch``), or None when
+        dispatch is off or the model cannot be planned."""
+        from edgepilot.dispatch.gguf_dispatch import GgufDispatch
+
         dispatcher = getattr(self.daemon, "dispatcher", None)
-        choice = getattr(dispatcher, "gguf_choice", None)
-        if not callable(choice) or not self.config.dispatch.enabled:
+        if dispatcher is None or not self.config.dispatch.enabled:
             return None
         try:
-            return choice(name)
-        except Exception as exc:  # a broken cache must not stop the model from loading
+            md = dispatcher.get(name)
+        except Exception as exc:  # planning state is optional; the model still loads
             log.warning("no GGUF plan for %s (%s); loading with the configured settings",
                         name, exc)
             return None
+        return md if isinstance(md, GgufDispatch) else None
+
+    def hold_devices(self) -> AbstractContextManager[Any]:
+        """For the daemon's own measurements, from a worker thread: hold every device queue
+        (llama.cpp's CPU one included) for the body of a ``with``, so that no request runs
+        while a round is timed (the cores are shared by every runtime). A no-op outside a
+        running daemon (CLI) and on the loop's own thread, which must never block."""
+        try:
+            loop = self.daemon.loop
+        except RuntimeError:
+            return nullcontext()
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop or not loop.is_running():
+            return nullcontext()
+
+        def queues() -> list[DeviceQueue]:  # runs on the loop
+            return [self.queue(n) for n in sorted({*self._queues, "llamacpp/cpu"})]
+
+        return ThreadHold(loop, queues, HOLD_TIMEOUT_S)
 
     def default_target(self, model: files.ResolvedModel) -> tuple[Backend, Target, Segment]:
         """First installed target that runs the whole model (see DEFAULT_TARGETS)."""
