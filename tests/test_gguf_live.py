@@ -239,3 +239,26 @@ def test_measuring_waits_for_the_request_holding_the_device_and_blocks_new_ones(
     assert rounds and not any(rounds)
     assert md.plan is not None and md.plan.n_threads in (1, 2)
     assert all(c["rounds"] >= 7 for c in md.explain()["candidates"])
+
+
+def test_a_planned_model_loads_without_hashing_its_file_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgepilot.models import files
+
+    md = planned(tmp_path, [])
+    assert md.plan is not None
+
+    def no_hashing(path: Path) -> str:
+        raise AssertionError(f"{path.name} hashed again")
+
+    monkeypatch.setattr(files, "sha256_of", no_hashing)
+    # a restart: the cached plan names this very file (size, mtime, inode) with its sha256
+    again = Dispatcher(config(tmp_path)).get("chat")
+    assert isinstance(again, GgufDispatch)
+    cached = again.load_cached()
+    assert cached is not None and cached.hash == md.plan.hash
+    # another file at the same path is hashed (and so planned afresh)
+    monkeypatch.undo()
+    write_gguf(tmp_path / "models" / "chat.gguf", GgufSpec(seed=1))
+    fresh = Dispatcher(config(tmp_path)).get("chat")
+    assert isinstance(fresh, GgufDispatch) and fresh.load_cached() is None

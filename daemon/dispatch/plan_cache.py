@@ -35,15 +35,30 @@ class PlanCache:
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)[:64]
         return self.directory / f"{safe}-{key}.json"
 
+    def _files(self, model: str) -> list[Path]:
+        prefix = self.path(model, "").name.removesuffix(".json")  # "<model>-"
+        try:
+            return [p for p in self.directory.iterdir()
+                    if p.name.startswith(prefix) and p.suffix == ".json"]
+        except OSError:
+            return []
+
     def has(self, model: str) -> bool:
         """Whether any plan of ``model`` is cached (no key needed: computing one may mean
         hashing a large model file, which a model that was never planned should not pay)."""
-        prefix = self.path(model, "").name.removesuffix(".json")  # "<model>-"
-        try:
-            return any(p.name.startswith(prefix) and p.suffix == ".json"
-                       for p in self.directory.iterdir())
-        except OSError:
-            return False
+        return bool(self._files(model))
+
+    def documents(self, model: str) -> list[dict[str, Any]]:
+        """Every readable cached document of ``model``, whatever its key."""
+        docs = []
+        for path in self._files(model):
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict):
+                docs.append(doc)
+        return docs
 
     def load(self, model: str, key: str) -> dict[str, Any] | None:
         return read_keyed(self.path(model, key), key, FORMAT, "plan cache")
