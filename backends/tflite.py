@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,36 @@ class TfliteExecutable(Executable):
     def memory_bytes(self) -> int:
         return self._bytes
 
+    def _resize(self, inputs: dict[str, np.ndarray]) -> None:
+        """Resize the interpreter to the inputs' shapes when they differ (dynamic batch):
+        TFLite propagates the new shapes through the graph at ``allocate_tensors``."""
+        changed = False
+        for name, detail in self._in.items():
+            shape = tuple(np.shape(inputs[name]))
+            if shape != tuple(int(d) for d in detail["shape"]):
+                try:
+                    self.interp.resize_tensor_input(detail["index"], list(shape), strict=False)
+                except (ValueError, RuntimeError) as exc:
+                    raise BackendError(f"input {name!r}: cannot run shape {list(shape)}: {exc}",
+                                       field=f"inputs.{name}") from None
+                changed = True
+        if changed:
+            try:
+                self.interp.allocate_tensors()
+            except (ValueError, RuntimeError) as exc:
+                raise BackendError(f"TFLite cannot run input shapes "
+                                   f"{ {n: list(np.shape(inputs[n])) for n in self._in} }: {exc}",
+                                   field="inputs") from None
+            self._in = {d["name"]: d for d in self.interp.get_input_details()}
+            self._out = {d["name"]: d for d in self.interp.get_output_details()}
+
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = sorted(set(self._in) - set(inputs))
         if missing:
             raise BackendError(f"missing input(s) {missing}; this segment takes "
                                f"{sorted(self._in)}", field=f"inputs.{missing[0]}")
         with self._lock:
+            self._resize(inputs)
             for name, detail in self._in.items():
                 try:
                     self.interp.set_tensor(detail["index"], inputs[name])
@@ -118,6 +143,24 @@ def ops_outside_delegates(interp: Any, n_ops: int) -> list[str]:
             outside.add(node)
         todo.extend(int(x) for x in nodes[node]["inputs"])
     return [f"{nodes[i]['op_name']}#{i}" for i in sorted(outside)]
+
+
+def tensor_shapes(path: Path, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape when ``path`` runs on inputs of ``shapes`` (the interpreter's own
+    shape propagation, builtin kernels, nothing delegated)."""
+    mod = _interpreter_module()
+    try:
+        interp = mod.Interpreter(model_path=str(path), experimental_op_resolver_type=(
+            mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
+        for d in interp.get_input_details():
+            if d["name"] in shapes:
+                interp.resize_tensor_input(d["index"], list(shapes[d["name"]]), strict=False)
+        interp.allocate_tensors()
+        return {d["name"]: tuple(int(x) for x in d["shape"])
+                for d in interp.get_tensor_details()}
+    except (ValueError, RuntimeError) as exc:
+        raise BackendError(f"TFLite cannot run {path.name} on input shapes "
+                           f"{dict(shapes)}: {exc}", field="input_shape") from None
 
 
 def _n_ops(content: bytes) -> int:

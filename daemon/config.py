@@ -207,6 +207,20 @@ class ModelEntry(Section):
                                 description="Idle time before the model is unloaded.")
     n_ctx: int | None = Field(None, ge=16, le=1 << 20, description="GGUF context length.")
     load_at_start: bool = Field(True, description="Load when the daemon starts.")
+    input_shapes: dict[str, list[int]] | None = Field(
+        None, description="Input shapes to plan for, e.g. { x = [1, 3, 320, 320] } (needed "
+        "for inputs with dynamic dims unless the first request sets them); each dim 1..2^24.")
+
+    @field_validator("input_shapes")
+    @classmethod
+    def _input_shapes(cls, value: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
+        for name, dims in (value or {}).items():
+            if len(dims) > 8:
+                raise ValueError(f"input {name!r}: {len(dims)} dims; allowed at most 8")
+            bad = [d for d in dims if not 1 <= d <= 1 << 24]
+            if bad:
+                raise ValueError(f"input {name!r}: dim {bad[0]} out of range; allowed 1..16777216")
+        return value
 
 
 class DispatchSection(Section):
@@ -237,6 +251,15 @@ class DispatchSection(Section):
     memory_budgets_mb: dict[str, int] = Field(
         default_factory=dict, description="Memory budget per device (cpu, gpu, npu ...) in MB; "
         "cpu defaults to [backends] memory_budget_mb when that is set.")
+    calibration_dir: Path | None = Field(
+        None, description="Real calibration samples: <dir>/<model>/*.npz (one sample each), "
+        "<dir>/<model>.npz or <dir>/<model>/<input>.npy; used when their shapes match a plan's.")
+    sample_requests: int = Field(
+        0, ge=0, le=64, description="Recent real request inputs kept per model and shape "
+        "signature to calibrate plans on (0 = off; opt-in: they stay in memory).")
+    max_signatures: int = Field(
+        4, ge=1, le=64, description="Input-shape signatures planned per model; the least "
+        "recently used plan is dropped beyond this.")
     gguf_threads: list[int] | None = Field(
         None, min_length=1, max_length=16,
         description="Thread counts to measure for GGUF plans, each 1..256 (default: 1, half "

@@ -19,6 +19,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("model", help="model name, file stem in --model-dir, or path")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--reprofile", action="store_true", help="measure again, ignore the cache")
+    add_shape_flag(p)
     p.set_defaults(func=cmd_plan)
     b = sub.add_parser("bench", help="time the plan against every single target, side by side")
     b.add_argument("model", help="model name, file stem in --model-dir, or path")
@@ -26,7 +27,29 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--runs", type=int, default=30, help="fewest timed rounds (default 30)")
     b.add_argument("--budget-s", type=float, default=0.3,
                    help="timed seconds every variant gets at least (default 0.3, 0..60)")
+    add_shape_flag(b)
     b.set_defaults(func=cmd_bench)
+
+
+def add_shape_flag(parser: Any) -> None:
+    parser.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                        help="input shape to plan for, e.g. images=1x3x320x320 (repeatable; "
+                        "needed for inputs with dynamic dims unless [[models]] input_shapes "
+                        "sets them)")
+
+
+def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    """``--input-shape`` flags as a dict (None when none was given)."""
+    from edgepilot.dispatch.signature import parse_shape_arg
+    from edgepilot.errors import PlanError
+
+    out: dict[str, tuple[int, ...]] = {}
+    for text in getattr(args, "input_shape", None) or []:
+        name, shape = parse_shape_arg(text)
+        if name in out:
+            raise PlanError(f"--input-shape names {name!r} twice", field="input_shape")
+        out[name] = shape
+    return out or None
 
 
 def progress_bar(done: int, total: int, label: str) -> None:
@@ -85,7 +108,11 @@ def render_gguf(plan: dict[str, Any]) -> str:
 def render_plan(plan: dict[str, Any]) -> str:
     if plan.get("kind") == "gguf":
         return render_gguf(plan)
+    used = plan.get("inputs_used") or {}
     lines = [f"model {plan['model']}  plan {plan['hash']}  tolerance {plan.get('tolerance')}",
+             f"input shapes {plan.get('signature') or '-'}; calibrated on "
+             f"{used.get('count', '?')} {used.get('source', '?')} input(s): "
+             + "; ".join(f"{k}: {v}" for k, v in (used.get("inputs") or {}).items()),
              f"{'layer':<34} {'target':<24} {'pred ms':>8} {'meas ms':>8}  runner-up"]
     for lay in plan["layers"]:
         ru = lay.get("runner_up") or {}
@@ -109,7 +136,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from edgepilot.cli import config_from
 
     dispatcher = make_dispatcher(config_from(args))
-    md = dispatcher.get(args.model)
+    md = dispatcher.get(args.model, input_shapes(args))
     md.prepare(reprofile=args.reprofile)
     plan = md.explain()
     print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
@@ -127,7 +154,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not 0 <= args.budget_s <= 60:
         raise ConfigError(f"--budget-s {args.budget_s}: allowed 0..60", field="budget_s")
     dispatcher = make_dispatcher(config_from(args))
-    md = dispatcher.get(args.model)
+    md = dispatcher.get(args.model, input_shapes(args))
     if not isinstance(md, ModelDispatch):
         raise ModelError(f"bench compares per-layer plans of ONNX/TFLite models; for the GGUF "
                          f"model {args.model!r} run `edgepilot plan {args.model}`, which times "

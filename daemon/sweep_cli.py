@@ -30,6 +30,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--budget-s", type=float, default=0.3,
                    help="timed seconds the plan gets at least per profile (default 0.3, 0..60)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    from edgepilot.plan_cli import add_shape_flag
+
+    add_shape_flag(p)
     p.set_defaults(func=cmd_sweep)
 
 
@@ -63,7 +66,8 @@ class PowerSampler:
 
 
 def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, runs: int,
-              budget_s: float) -> dict[str, Any]:
+              budget_s: float, shapes: dict[str, tuple[int, ...]] | None = None
+              ) -> dict[str, Any]:
     """Apply ``profile``, plan and time ``model`` under it; the caller restores the board."""
     from edgepilot.dispatch.bench import bench
     from edgepilot.dispatch.dispatcher import Dispatcher
@@ -73,7 +77,7 @@ def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, r
     manager.apply(profile, reason="sweep")
     # a fresh dispatcher: plans and profiles are keyed by the DVFS profile now active
     dispatcher = Dispatcher(config, board=board, profiles=manager, progress=progress_bar)
-    md = dispatcher.get(model)
+    md = dispatcher.get(model, shapes)
     if not isinstance(md, ModelDispatch):
         raise ModelError(f"sweep times per-layer plans of ONNX/TFLite models; for the GGUF model "
                          f"{model!r} run `edgepilot plan {model}` under each profile",
@@ -95,7 +99,8 @@ def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, r
 
 
 def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
-              budget_s: float) -> dict[str, Any]:
+              budget_s: float, shapes: dict[str, tuple[int, ...]] | None = None
+              ) -> dict[str, Any]:
     """Every profile in turn, the board restored at the end whatever happens."""
     from edgepilot.dvfs.service import make_manager
     from edgepilot.plan_cli import ensure_models
@@ -111,7 +116,8 @@ def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
     try:
         for name in names:
             try:
-                rows.append(sweep_one(config, board, manager, model, name, runs, budget_s))
+                rows.append(sweep_one(config, board, manager, model, name, runs, budget_s,
+                                      shapes))
             except ModelError:
                 raise
             except EdgepilotError as exc:  # one profile failing does not end the sweep
@@ -140,7 +146,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--budget-s {args.budget_s}: allowed 0..60", field="budget_s")
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] \
         if args.profiles else None
-    result = run_sweep(config_from(args), args.model, profiles, args.runs, args.budget_s)
+    from edgepilot.plan_cli import input_shapes
+
+    result = run_sweep(config_from(args), args.model, profiles, args.runs, args.budget_s,
+                       input_shapes(args))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0 if any(r["ok"] for r in result["profiles"]) else 1

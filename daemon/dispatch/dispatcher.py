@@ -11,8 +11,8 @@ import asyncio
 import json
 import logging
 import threading
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
@@ -29,6 +29,7 @@ from edgepilot.dispatch.kernels import KernelModel
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.plan_cache import PlanCache
 from edgepilot.dispatch.profiler import Progress
+from edgepilot.dispatch.signature import Shapes, resolve_shapes, shapes_of, signature_of
 from edgepilot.dispatch.targets import (
     available_targets,
     board_freqs,
@@ -37,6 +38,7 @@ from edgepilot.dispatch.targets import (
     runtime_versions,
 )
 from edgepilot.errors import EdgepilotError, ModelError, NotFoundError, PlanError
+from edgepilot.models.io import tensor_specs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,15 +70,19 @@ class Dispatcher:
         self.cancelled = False
         self.cache = PlanCache(config.state_dir / "plans")
         self._backends = backends
-        self._models: dict[str, AnyDispatch] = {}
+        # (model, input-shape signature) -> its dispatch state, least recently used first;
+        # a GGUF model has one entry with an empty signature
+        self._models: OrderedDict[tuple[str, str], AnyDispatch] = OrderedDict()
+        # recent real request inputs per (model, signature), when [dispatch] sample_requests
+        self._recent: dict[tuple[str, str], deque[dict[str, np.ndarray]]] = {}
         self._lock = threading.Lock()
         self._corpora: dict[str, CorpusStore] = {}
         self._corpus_lock = threading.Lock()
         # why re-prediction ran, most recent last (status/debugging: one entry per clock move)
         self.clock_replans: deque[str] = deque(maxlen=50)
         # background planning: a request never waits for profiling (seconds to minutes)
-        self._planning: dict[str, asyncio.Task[None]] = {}
-        self.plan_failures: dict[str, str] = {}
+        self._planning: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.plan_failures: dict[tuple[str, str], str] = {}
 
     # ---- set-up -------------------------------------------------------------------------------
     def progress(self, done: int, total: int, what: str) -> None:
@@ -192,80 +198,155 @@ class Dispatcher:
             return None
         return md.load_cached()
 
-    def get(self, name: str) -> AnyDispatch:
-        """The model's dispatch state (not yet planned); NotFoundError for unknown models."""
-        with self._lock:
-            if name in self._models:
-                return self._models[name]
+    def shapes_for(self, name: str, path: Path, given: Mapping[str, Sequence[int]] | None
+                   ) -> Shapes:
+        """The input shapes to plan ``name`` for: ``given`` (CLI flag or a request) over the
+        config's ``input_shapes``, then the file's fixed dims (PlanError naming the input and
+        dim when one stays unknown)."""
+        kind = PLANNED_KINDS[path.suffix.lower()]
+        specs = tensor_specs(path, kind)[0]
+        entry = next((e for e in self.config.models if e.name == name), None)
+        merged: dict[str, Sequence[int]] = dict(entry.input_shapes or {}) if entry else {}
+        merged.update(given or {})
+        defaults = None
+        if kind == "tflite":
+            from edgepilot.dispatch.graph_tflite import default_shapes
+
+            defaults = default_shapes(path)
+        return resolve_shapes(name, specs, merged, defaults=defaults)
+
+    def get(self, name: str, shapes: Mapping[str, Sequence[int]] | None = None) -> AnyDispatch:
+        """The dispatch state of ``name`` for ``shapes`` (not yet planned); NotFoundError for
+        unknown models, PlanError when a dynamic dim has no shape to plan for."""
         key, path, tol = self.resolve(name)
         suffix = path.suffix.lower()
         if suffix not in PLANNED_KINDS:
             raise ModelError(f"{path.name}: plans cover ONNX, TFLite and GGUF; allowed: "
                              f"{', '.join(PLANNED_KINDS)}", field="model")
         if suffix == ".gguf":
+            with self._lock:
+                found = self._models.get((name, ""))
+                if found is not None:
+                    return found
             gd = self._gguf(key, path)
             with self._lock:
-                return self._models.setdefault(name, gd)
+                return self._models.setdefault((name, ""), gd)
+        resolved = self.shapes_for(name, path, shapes)
+        sig = signature_of(resolved)
+        with self._lock:
+            found = self._models.get((name, sig))
+            if found is not None:
+                self._models.move_to_end((name, sig))
+                return found
         d = self.config.dispatch
+        calib_dir = d.calibration_dir
+        if calib_dir is not None and not calib_dir.is_absolute():
+            calib_dir = self.config.model_dir / calib_dir
         opts = DispatchOptions(tolerance=tol if tol is not None else d.tolerance,
                                metric=d.metric, runs=d.profile_runs, warmup=d.warmup_runs,
                                drift_threshold=d.drift_threshold, hysteresis=d.hysteresis,
                                calibration_inputs=d.calibration_inputs, max_layers=d.max_layers,
-                               passes=d.profile_passes)
+                               passes=d.profile_passes, calibration_dir=calib_dir)
         targets = available_targets(self.backends, d.targets)
         if not targets:
             raise PlanError("no inference backend is available; run `edgepilot doctor`",
                             field="backends")
+        recent = self._recent.setdefault((name, sig), deque(maxlen=max(1, d.sample_requests)))
         md = ModelDispatch(key, path, self.backends, targets, opts, cache=self.cache,
                            key_parts=self.key_parts(), freqs=board_freqs(self.board),
                            budgets=self.budgets(), progress=self.progress, emit=self.emit,
-                           corpus=self.kernel_models if d.kernel_corpus else None)
+                           corpus=self.kernel_models if d.kernel_corpus else None,
+                           shapes=resolved, graph_dir=self.config.state_dir / "cache" / "graphs",
+                           recent=lambda: list(recent))
         with self._lock:
-            return self._models.setdefault(name, md)
+            md = self._models.setdefault((name, sig), md)
+            self._evict(name, d.max_signatures)
+            return md
+
+    def _evict(self, name: str, limit: int) -> None:
+        """Drop the least recently used signatures of ``name`` beyond ``limit`` (lock held)."""
+        keys = [k for k in self._models if k[0] == name]
+        for k in keys[:max(0, len(keys) - limit)]:
+            dropped = self._models.pop(k)
+            self._recent.pop(k, None)
+            self.plan_failures.pop(k, None)
+            log.info("model %s: dropping the plan for shapes %s (more than %d signatures)",
+                     name, k[1], limit)
+            del dropped
+
+    def latest(self, name: str) -> AnyDispatch:
+        """The most recently used plan of ``name``, else the one for its configured shapes."""
+        with self._lock:
+            for (n, _sig), md in reversed(self._models.items()):
+                if n == name and md.plan is not None:
+                    return md
+        return self.get(name)
 
     def prepared(self) -> list[AnyDispatch]:
         with self._lock:
             return [m for m in self._models.values() if m.plan is not None]
 
+    def signatures(self, name: str) -> list[str]:
+        """Signatures of ``name`` that have a plan, most recently used last."""
+        with self._lock:
+            return [sig for (n, sig), md in self._models.items()
+                    if n == name and md.plan is not None]
+
     # ---- sync API (CLI, worker threads) -------------------------------------------------------
-    def plan_for(self, name: str) -> dict[str, Any]:
-        """The plan JSON of ``name``; plans (or loads the cached profile) on first use."""
-        return self.get(name).explain()
+    def plan_for(self, name: str, shapes: Mapping[str, Sequence[int]] | None = None
+                 ) -> dict[str, Any]:
+        """The plan JSON of ``name`` (for ``shapes``, else its latest or configured plan);
+        plans (or loads the cached profile) on first use."""
+        md = self.get(name, shapes) if shapes is not None else self.latest(name)
+        return md.explain()
 
     def infer_sync(self, name: str, inputs: dict[str, np.ndarray]
                    ) -> tuple[dict[str, np.ndarray], str]:
-        return self.get(name).run(inputs)
+        return self.get(name, shapes_of(inputs)).run(inputs)
 
     # ---- async API (daemon) -------------------------------------------------------------------
-    def has_plan(self, name: str) -> bool:
-        """Whether ``name`` has a plan to serve on now. When it has none, planning starts in
-        the background (once) and the caller serves the whole model on its default target
-        meanwhile: profiling takes seconds to minutes and must not stall the first request.
-        A model whose planning failed keeps being served whole (the reason is in
-        ``plan_failures`` and the log); ``plan.replan`` tries again."""
-        with self._lock:
-            md = self._models.get(name)
-        if md is not None and md.plan is not None:
+    def has_plan(self, name: str, inputs: Mapping[str, np.ndarray] | None = None) -> bool:
+        """Whether ``name`` has a plan for the shapes of ``inputs`` to serve on now.
+
+        When it has none, planning for those shapes starts in the background (once) and the
+        caller serves the whole model on its default target meanwhile: profiling takes seconds
+        to minutes and must not stall the first request. A signature whose planning failed
+        keeps being served whole (the reason is in ``plan_failures`` and the log);
+        ``plan.replan`` tries again.
+        """
+        shapes = shapes_of(inputs) if inputs is not None else None
+        try:
+            md = self.get(name, shapes)
+        except EdgepilotError as exc:
+            log.debug("no plan for %s: %s", name, exc.message)
+            return False
+        key = (name, getattr(md, "signature", ""))
+        if inputs is not None and self.config.dispatch.sample_requests:
+            recent = self._recent.get(key)
+            if recent is not None:
+                recent.append({k: np.array(v, copy=True) for k, v in inputs.items()})
+        if md.plan is not None:
             return True
-        if name not in self.plan_failures and name not in self._planning:
-            task = asyncio.get_running_loop().create_task(self._plan_in_background(name),
-                                                          name=f"plan-{name}")
-            self._planning[name] = task
+        if key not in self.plan_failures and key not in self._planning:
+            task = asyncio.get_running_loop().create_task(
+                self._plan_in_background(name, shapes, key), name=f"plan-{name}")
+            self._planning[key] = task
         return False
 
-    async def _plan_in_background(self, name: str) -> None:
-        log.info("planning %s in the background; requests run it whole until the plan is ready",
-                 name)
+    async def _plan_in_background(self, name: str, shapes: Shapes | None,
+                                  key: tuple[str, str]) -> None:
+        log.info("planning %s in the background for shapes %s; requests with these shapes run "
+                 "it whole until the plan is ready", name, key[1] or "(fixed)")
         try:
-            await self.plan(name)
+            await self.run_blocking(self.plan_for, name, shapes)
         except Exception as exc:  # any failure: serve whole, say why once
             reason = (exc.message if isinstance(exc, EdgepilotError)
                       else f"{type(exc).__name__}: {exc}")
-            self.plan_failures[name] = reason
-            log.warning("no plan for %s (%s); serving it whole on its default target", name,
-                        reason)
+            self.plan_failures[key] = reason
+            log.warning("no plan for %s %s (%s); serving it whole on its default target", name,
+                        key[1], reason)
         finally:
-            self._planning.pop(name, None)
+            self._planning.pop(key, None)
 
     async def wait_planned(self) -> None:
         """Wait for background planning in progress (tests, orderly stop)."""
@@ -279,14 +360,16 @@ class Dispatcher:
             self.infer_sync, name, inputs)
         return result
 
-    async def plan(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.run_blocking(self.plan_for, name)
+    async def plan(self, name: str, shapes: Mapping[str, Sequence[int]] | None = None
+                   ) -> dict[str, Any]:
+        result: dict[str, Any] = await self.run_blocking(self.plan_for, name, shapes)
         return result
 
-    async def replan(self, name: str, reprofile: bool = False) -> dict[str, Any]:
+    async def replan(self, name: str, reprofile: bool = False,
+                     shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
         """Operator-requested replan; ``reprofile`` measures the board again first."""
-        md = self.get(name)
-        self.plan_failures.pop(name, None)
+        md = self.get(name, shapes) if shapes is not None else self.latest(name)
+        self.plan_failures.pop((name, getattr(md, "signature", "")), None)
 
         def work() -> dict[str, Any]:
             if reprofile or md.plan is None:

@@ -1,9 +1,15 @@
-"""TFLite graphs as partitioner nodes, read through the tflite backend's flatbuffer helpers
-(:mod:`edgepilot.models.tflite_graph`); FLOPs for the GEMM/conv operators, sizes from shapes."""
+"""TFLite graphs as partitioner nodes, read through the flatbuffer helpers
+(:mod:`edgepilot.models.tflite_graph`); FLOPs for the GEMM/conv operators, sizes from shapes.
+
+A file's tensors carry the shapes of its default input shapes (batch 1 for a file whose
+``shape_signature`` leaves the batch dynamic). For other input shapes, the sizes come from the
+TFLite interpreter itself, resized to them: its own shape propagation, no guess.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +24,35 @@ def _shape(tensor: Any) -> list[int]:
     return [max(int(d), 1) for d in (tensor.shape if tensor.shape is not None else [])]
 
 
-def read_tflite(path: Path) -> tuple[list[Node], list[str], list[str], dict[str, int]]:
+def default_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The input shapes the file allocates without any resize."""
+    sg = tflite_graph.load(path).subgraphs[0]
+    return {tflite_graph._name(sg.tensors[i]): tuple(_shape(sg.tensors[i]))
+            for i in tflite_graph._ints(sg.inputs)}
+
+
+def read_tflite(path: Path, shapes: Mapping[str, tuple[int, ...]] | None = None
+                ) -> tuple[list[Node], list[str], list[str], dict[str, int]]:
     """Operators in file order, model inputs/outputs and bytes per tensor name."""
     model = tflite_graph.load(path)
     sg = model.subgraphs[0]
     types = {v: k for k, v in vars(tflite_graph._schema().TensorType).items()
              if not k.startswith("_")}
+    shapes_now: dict[str, list[int]] = {tflite_graph._name(t): _shape(t) for t in sg.tensors}
+    if shapes and dict(shapes) != default_shapes(path):
+        from edgepilot.backends.tflite import tensor_shapes
+
+        shapes_now.update({k: list(v) for k, v in tensor_shapes(path, shapes).items()})
     sizes: dict[str, int] = {}
-    shapes: dict[str, list[int]] = {}
     for t in sg.tensors:
         name = tflite_graph._name(t)
-        shapes[name] = _shape(t)
-        sizes[name] = math.prod(shapes[name]) * _ITEMSIZE.get(types.get(t.type, ""), 4)
+        sizes[name] = math.prod(shapes_now[name]) * _ITEMSIZE.get(types.get(t.type, ""), 4)
     nodes: list[Node] = []
     for layer, op in zip(tflite_graph.layers(path), sg.operators or [], strict=True):
         consts = [sg.tensors[i] for i in tflite_graph._ints(op.inputs)
                   if i >= 0 and tflite_graph._is_const(model, sg.tensors[i])]
         wbytes = sum(sizes[tflite_graph._name(t)] for t in consts)
-        out_elems = sum(math.prod(shapes[o]) for o in layer.outputs)
+        out_elems = sum(math.prod(shapes_now[o]) for o in layer.outputs)
         flops = out_elems
         weights = [_shape(t) for t in consts if len(_shape(t)) >= 2]
         if layer.op == "FULLY_CONNECTED" and weights:

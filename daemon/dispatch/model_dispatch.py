@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.backends.base import Backend, Target, TensorSpec
 from edgepilot.dispatch.calibration import time_plan
 from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
 from edgepilot.dispatch.kernels import KernelModel
@@ -37,9 +37,12 @@ from edgepilot.dispatch.profiler import (
     Progress,
     median_ms,
 )
+from edgepilot.dispatch.samples import Feed, Rule, Samples, name_rule, onnx_rules, pick
+from edgepilot.dispatch.signature import Shapes, resolve_shapes, signature_of
 from edgepilot.dispatch.targets import reference_target
 from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
+from edgepilot.models.io import tensor_specs
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +62,19 @@ class DispatchOptions:
     calibration_inputs: int = 2
     max_layers: int = 48
     passes: int = 2
+    calibration_dir: Path | None = None
 
 
-def random_inputs(exe: Executable, count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Calibration inputs shaped like ``exe``'s inputs (symbolic dims = 1), N(0, 1)."""
-    rng = np.random.default_rng(seed)
-    feeds = []
-    for _ in range(count):
-        feed = {}
-        for spec in exe.inputs:
-            shape = [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape]
-            dtype = np.dtype(spec.dtype)
-            if np.issubdtype(dtype, np.floating):
-                feed[spec.name] = rng.standard_normal(shape).astype(dtype)
-            else:
-                feed[spec.name] = rng.integers(0, 8, size=shape).astype(dtype)
-        feeds.append(feed)
-    return feeds
+def tflite_defaults(path: Path) -> Shapes:
+    from edgepilot.dispatch.graph_tflite import default_shapes
+
+    return default_shapes(path)
+
+
+def tflite_precision(path: Path) -> str:
+    from edgepilot.backends.tflite import file_precision
+
+    return file_precision(path)
 
 
 class ModelDispatch:
@@ -86,8 +85,15 @@ class ModelDispatch:
                  cache: PlanCache | None = None, key_parts: dict[str, Any] | None = None,
                  freqs: dict[str, float] | None = None, budgets: dict[str, float] | None = None,
                  progress: Progress | None = None, emit: Emit | None = None,
-                 corpus: CorpusProvider | None = None) -> None:
+                 corpus: CorpusProvider | None = None, shapes: Shapes | None = None,
+                 graph_dir: Path | None = None,
+                 recent: Callable[[], Sequence[Feed]] | None = None) -> None:
         self.name = name
+        # the input shapes this plan is for (None: the file's own fixed dims)
+        self.shapes: Shapes | None = dict(shapes) if shapes is not None else None
+        self.graph_dir = graph_dir
+        self.recent = recent or (lambda: ())
+        self.samples: Samples | None = None
         self.corpus = corpus
         self.path = Path(path)
         self.backends = backends
@@ -117,18 +123,32 @@ class ModelDispatch:
         ``reprofile`` measures again even when the cache holds a profile (and replaces it).
         """
         with self._lock:
-            part = partition(self.path, max_layers=self.opts.max_layers)
+            kind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
+            specs = tensor_specs(self.path, kind)[0]
+            if self.shapes is None:
+                defaults = tflite_defaults(self.path) if kind == "tflite" else None
+                self.shapes = resolve_shapes(self.name, specs, {}, defaults=defaults)
+            self.samples = samples = pick(
+                specs, self.shapes, self._rules(kind, specs), self.opts.calibration_inputs,
+                self.name, self.opts.calibration_dir, list(self.recent()))
+            part = partition(self.path, kind, shapes=self.shapes, cache_dir=self.graph_dir,
+                             feed=samples.feeds[0], max_layers=self.opts.max_layers)
             self.part = part
-            whole, first = part.segment(0, len(part.layers)), part.segment(0, 1)
-            # drop targets that cannot take this kind of model at all (TFLite on an ONNX file)
-            self.targets = [t for t in self.targets if t.backend in self.backends and (
-                self.backends[t.backend].supports(whole, t)
-                or self.backends[t.backend].supports(first, t))]
-            self.reference = ref = reference_target(self.targets, part.kind)
+            # keep every target of a backend that takes this kind of model: one that covers
+            # only some layers (a delegate) is a planning fact, used for the layers it covers
+            self.targets = [t for t in self.targets if t.backend in self.backends
+                            and self._covers_any(part, t)]
+            precision = tflite_precision(self.path) if kind == "tflite" else "fp32"
+            self.reference = ref = reference_target(self.targets, part.kind, precision)
             ref_exe = self._backend(ref).compile(part.segment(0, len(part.layers)), ref)
-            self.calibration = random_inputs(ref_exe, self.opts.calibration_inputs)
-            self.ref_outputs = [ref_exe.run(feed) for feed in self.calibration]
+            self.calibration = samples.feeds
+            try:
+                self.ref_outputs = [ref_exe.run(feed) for feed in self.calibration]
+            finally:
+                ref_exe.close()
             key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
+                             "signature": signature_of(self.shapes),
+                             "inputs": samples.describe(),
                              "targets": [str(t) for t in self.targets],
                              "tolerance": self.opts.tolerance, "metric": self.opts.metric,
                              "runs": self.opts.runs, "passes": self.opts.passes,
@@ -161,6 +181,31 @@ class ModelDispatch:
                     "plan": plan.as_dict()})
             self._install(plan, compiled)
             return plan
+
+    def _rules(self, kind: str, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
+        """How each input is generated when no real sample is at hand."""
+        if kind != "onnx":
+            return {s.name: name_rule(s) for s in specs}
+        import onnx
+
+        try:
+            model = onnx.load(str(self.path), load_external_data=False)
+        except Exception as exc:
+            raise PlanError(f"{self.path.name} is not a readable ONNX model: {exc}",
+                            field="model") from None
+        return onnx_rules(model, specs)
+
+    def _covers_any(self, part: Partition, target: Target) -> bool:
+        """Whether ``target`` runs the whole model or at least one of its layers."""
+        backend = self.backends[target.backend]
+        if backend.supports(part.segment(0, len(part.layers)), target):
+            return True
+        return any(backend.supports(part.segment(i, i + 1), target)
+                   for i in range(len(part.layers)))
+
+    @property
+    def signature(self) -> str:
+        return signature_of(self.shapes) if self.shapes is not None else ""
 
     def _kernels(self) -> dict[str, KernelModel]:
         """The targets' kernel-corpus fits (measured on the first plan of this board, then
@@ -362,6 +407,8 @@ class ModelDispatch:
             assert self.plan is not None and self.builder is not None
             data = self.plan.as_dict()
             data["tolerance"] = self.opts.tolerance
+            data["input_shapes"] = {n: list(d) for n, d in (self.shapes or {}).items()}
+            data["inputs_used"] = self.samples.describe() if self.samples else None
             data["from_cache"] = self.from_cache
             data["excluded"] = sorted(self.builder.excluded)
             data["monitor"] = self.monitor.snapshot()

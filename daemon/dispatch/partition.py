@@ -3,7 +3,8 @@
 Nodes are taken in topological (file) order. After each node the *live set* is the set of
 non-constant tensors produced so far (or fed in) that a later node or the model output still
 needs; a cut is allowed where the live set is as small as the graph gets (one tensor in a chain
-or after a residual Add). Tiny layers are then coalesced with a neighbour, because a layer that
+or after a residual Add), side tensors a fraction of the main activation's size (masks,
+positions) not counted. Tiny layers are then coalesced with a neighbour, because a layer that
 takes less time than a hop between runtimes can never pay for moving it.
 
 Each :class:`Layer` carries FLOPs, weight bytes, boundary bytes and op types: the features the
@@ -14,14 +15,20 @@ full range is the whole model, so an all-one-target plan compiles exactly the or
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgepilot.backends.base import ModelKind, Segment
-from edgepilot.errors import PlanError
+from edgepilot.errors import ModelError, PlanError
 from edgepilot.models import files
+
+# TFLite operators that keep state across invocations inside the interpreter
+STATEFUL_TFLITE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,10 @@ class Partition:
     layers: list[Layer]
     nodes: list[Node] = field(default_factory=list, repr=False)
     tensor_bytes: dict[str, int] = field(default_factory=dict, repr=False)
+    # the input shapes the layers were cut and sized for, and the file partial segments are
+    # cut from (an ONNX copy annotated for those shapes; the model file itself for TFLite)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    graph_path: Path | None = None
 
     def segment(self, start: int, end: int) -> Segment:
         """The segment running layers ``[start, end)``; the full range is the whole model."""
@@ -79,7 +90,8 @@ class Partition:
             return Segment(self.model_path, self.kind, self.inputs, self.outputs, None, name)
         ins, outs = range_io(self.nodes, self.layers[start].start, self.layers[end - 1].end,
                              self.outputs)
-        return Segment(self.model_path, self.kind, ins, outs, (start, end), name)
+        return Segment(self.graph_path or self.model_path, self.kind, ins, outs, (start, end),
+                       name)
 
     def boundary_bytes(self, i: int) -> int:
         """Bytes crossing the cut before layer ``i`` (0 < i < len(layers))."""
@@ -122,6 +134,18 @@ def live_sets(nodes: Sequence[Node], graph_outputs: Sequence[str]) -> list[set[s
     return out
 
 
+def crossing(live: set[str], tensor_bytes: dict[str, int]) -> int:
+    """How many tensors really cross a cut: small side tensors that travel along the whole
+    graph (an attention mask, positions, shape values) are not counted next to the main
+    activation, or an encoder would have no cut between its blocks; a tensor counts when it
+    is at least a quarter of the largest one crossing."""
+    sizes = [tensor_bytes.get(t, 0) for t in live]
+    if not sizes:
+        return 0
+    biggest = max(sizes)
+    return sum(1 for b in sizes if 4 * b >= biggest) if biggest else len(sizes)
+
+
 def build_layers(nodes: Sequence[Node], graph_inputs: Sequence[str],
                  graph_outputs: Sequence[str], tensor_bytes: dict[str, int],
                  min_layer_flops: int | None = None, max_layers: int = 48) -> list[Layer]:
@@ -132,9 +156,9 @@ def build_layers(nodes: Sequence[Node], graph_inputs: Sequence[str],
     """
     if not nodes:
         raise PlanError("the model has no operators to partition", field="model")
-    live = live_sets(nodes, graph_outputs)
-    floor = min(len(s) for s in live[:-1]) if len(nodes) > 1 else 1
-    cuts = [k + 1 for k in range(len(nodes) - 1) if len(live[k]) <= max(1, floor)]
+    live = [crossing(s, tensor_bytes) for s in live_sets(nodes, graph_outputs)]
+    floor = min(live[:-1]) if len(nodes) > 1 else 1
+    cuts = [k + 1 for k in range(len(nodes) - 1) if live[k] <= max(1, floor)]
     bounds = [0, *cuts, len(nodes)]
     ranges = list(itertools.pairwise(bounds))
     total = sum(n.flops for n in nodes)
@@ -183,23 +207,53 @@ def _coalesce(ranges: list[tuple[int, int]], nodes: Sequence[Node],
 
 
 def partition(path: Path, kind: ModelKind | None = None, *,
+              shapes: Mapping[str, tuple[int, ...]] | None = None,
+              cache_dir: Path | None = None,
+              feed: Mapping[str, np.ndarray] | None = None,
               min_layer_flops: int | None = None, max_layers: int = 48) -> Partition:
-    """Partition an ONNX or TFLite file into layers (kind from the extension when None)."""
+    """Partition an ONNX or TFLite file into layers (kind from the extension when None).
+
+    ``shapes`` are the plan's concrete input shapes (default: the file's own, which must then
+    be fixed). ONNX graphs are first made concrete for them (written under ``cache_dir``; a
+    temporary directory when None), ``feed`` being one realistic input of those shapes for
+    graphs whose tensor shapes only a run can tell.
+    """
     path = Path(path)
     if kind is None:
         kind = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}.get(path.suffix.lower())
+    digest = files.sha256_of(path)
+    graph_path: Path | None = None
     if kind == "onnx":
-        from edgepilot.dispatch.graph_onnx import read_onnx
+        from edgepilot.dispatch.graph_onnx import nodes_of
+        from edgepilot.dispatch.onnx_shapes import concrete_graph
+        from edgepilot.models.io import tensor_specs
 
-        nodes, ins, outs, sizes = read_onnx(path)
+        if shapes is None:
+            from edgepilot.dispatch.signature import resolve_shapes
+
+            try:
+                specs = tensor_specs(path, "onnx")[0]
+            except ModelError as exc:
+                raise PlanError(exc.message, field="model") from None
+            shapes = resolve_shapes(path.stem, specs, {})
+        if cache_dir is None:
+            cache_dir = Path(tempfile.mkdtemp(prefix="edgepilot-graphs-"))
+        graph = concrete_graph(path, digest, dict(shapes), cache_dir, feed)
+        graph_path = graph.path
+        nodes, ins, outs, sizes = nodes_of(graph.load(), graph.tensors)
     elif kind == "tflite":
-        from edgepilot.dispatch.graph_tflite import read_tflite
+        from edgepilot.dispatch.graph_tflite import default_shapes, read_tflite
 
-        nodes, ins, outs, sizes = read_tflite(path)
+        shapes = dict(shapes) if shapes else default_shapes(path)
+        nodes, ins, outs, sizes = read_tflite(path, shapes)
+        if any(n.op in STATEFUL_TFLITE_OPS for n in nodes):
+            # resource variables live in one interpreter and CALL_ONCE initialises them all:
+            # a streaming model runs whole, and the plan picks its best target
+            max_layers = 1
     else:
         raise PlanError(f"{path.name}: per-layer planning covers ONNX and TFLite models; "
                         f"allowed extensions: .onnx, .tflite (GGUF is planned by n_gpu_layers)",
                         field="model")
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
-    return Partition(path, kind, files.sha256_of(path), tuple(ins), tuple(outs), layers,
-                     list(nodes), sizes)
+    return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
+                     list(nodes), sizes, dict(shapes or {}), graph_path)

@@ -31,6 +31,7 @@ from edgepilot.dispatch.planner import (
     solve,
 )
 from edgepilot.dispatch.profiler import ProfileTable
+from edgepilot.dispatch.signature import signature_of
 
 # a layer never costs less than this share of its standalone time, whatever the overhead says
 _MIN_NET_SHARE = 0.05
@@ -261,16 +262,19 @@ class Plan:
     reason: str = "initial"
     uncalibrated_ms: float | None = None     # the same plan as the sum of its layers
     calibration: list[dict[str, Any]] = field(default_factory=list)
+    signature: str = ""                      # the input shapes it is for
 
     @property
     def hash(self) -> str:
-        """Short, stable id of what runs where (appears in telemetry and events)."""
-        key = json.dumps([self.model_hash, self.segments], separators=(",", ":"))
+        """Short, stable id of what runs where, for which input shapes (appears in telemetry
+        and events)."""
+        key = json.dumps([self.model_hash, self.signature, self.segments],
+                         separators=(",", ":"))
         return hashlib.sha256(key.encode()).hexdigest()[:10]
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model, "hash": self.hash,
+            "model": self.model, "hash": self.hash, "signature": self.signature,
             "predicted_ms": round(self.predicted_ms, 4),
             "measured_ms": None if self.measured_ms is None else round(self.measured_ms, 4),
             "error": self.error, "reason": self.reason,
@@ -309,4 +313,5 @@ def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
     raw = plan_cost(table, assign)
     return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
                 uncalibrated_ms=raw, calibration=builder.calibration.summary(
-                    segments, len(builder.part.layers)))
+                    segments, len(builder.part.layers)),
+                signature=signature_of(builder.part.shapes))

@@ -15,7 +15,6 @@ log = logging.getLogger(__name__)
 
 # tensor backends only: llama.cpp plans GGUF models by n_gpu_layers, not per layer
 TENSOR_BACKENDS = ("onnxruntime", "tflite", "armnn")
-REFERENCE = {"onnx": ("onnxruntime", "cpu", "fp32")}
 
 
 def load_backends(config: Config, state_dir: Path) -> dict[str, Backend]:
@@ -60,18 +59,29 @@ def available_targets(backends: dict[str, Backend], allowed: list[str] | None) -
     return [t for t in found if str(t) in allowed]
 
 
-def reference_target(targets: list[Target], kind: str) -> Target:
-    """The fp32 target errors are measured against: ORT CPU for ONNX, the fp32 TFLite one
-    (else any fp32) for TFLite."""
-    want = REFERENCE.get(kind)
-    if want is not None and Target(*want) in targets:
-        return Target(*want)
-    preferred = [t for t in targets if t.precision == "fp32" and t.backend == "tflite"]
-    fp32 = preferred or [t for t in targets if t.precision == "fp32"]
-    if not fp32:
-        raise ConfigError(f"no fp32 target to use as the reference for a {kind} model; "
-                          "enable onnxruntime (ONNX) or tflite (TFLite)", field="dispatch.targets")
-    return fp32[0]
+def reference_target(targets: list[Target], kind: str, precision: str = "fp32") -> Target:
+    """The target a model's accuracy is measured against: the model as the user gave it, in
+    its own precision, on its own runtime's plainest device: ORT CPU with the file as it is
+    (recipe ``fp32`` = no conversion) for ONNX, the builtin TFLite kernels in the file's own
+    types (``precision``: ``int8`` for a quantized file) for TFLite."""
+    if kind == "onnx":
+        want = Target("onnxruntime", "cpu", "fp32")
+        if want in targets:
+            return want
+        raise ConfigError("onnxruntime/cpu/fp32 (the ONNX file as given) is the reference for "
+                          "an ONNX model's accuracy; allow it in [dispatch] targets",
+                          field="dispatch.targets")
+    if kind == "tflite":
+        order = [Target("tflite", "cpu", precision), Target("tflite", "xnnpack", precision)]
+        own = [t for t in order if t in targets] or [
+            t for t in targets if t.backend == "tflite" and t.precision == precision]
+        if own:
+            return own[0]
+        raise ConfigError(f"tflite/cpu/{precision} (the TFLite file in its own types) is the "
+                          "reference for this model's accuracy; enable the tflite backend and "
+                          "allow it in [dispatch] targets", field="dispatch.targets")
+    raise ConfigError(f"no reference target for a {kind} model; allowed kinds: onnx, tflite",
+                      field="model")
 
 
 def board_freqs(board: Any) -> dict[str, float]:

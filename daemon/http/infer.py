@@ -6,8 +6,9 @@ named by ``?input=NAME``). The answer is ``{"outputs": {NAME: {"data", "dtype", 
 "plan": HASH, "latency_ms": ...}``, or ``.npy`` bytes of one output when the request says
 ``Accept: application/x-npy`` (plan and latency then travel in ``X-Plan``/``X-Latency-Ms``).
 
-The model runs through the dispatcher's plan when there is one; otherwise whole on its default
-target, and ``plan`` is ``single:<target>``.
+The model runs through the dispatcher's plan for the request's input shapes when there is one;
+otherwise whole on its default target (``plan`` is ``single:<target>``) while a plan for those
+shapes is made in the background.
 """
 
 from __future__ import annotations
@@ -97,17 +98,16 @@ async def run_model(daemon: Any, name: str, inputs: dict[str, np.ndarray]
     """Through the dispatcher's plan when it has one, else whole on the default target."""
     registry: ModelRegistry = daemon.models
     dispatcher = daemon.dispatcher
-    if dispatcher is not None and daemon.config.dispatch.enabled:
-        has_plan = getattr(dispatcher, "has_plan", None)
-        if has_plan is None or has_plan(name):
-            try:
-                outputs, plan = await dispatcher.infer(name, inputs)
-                return outputs, str(plan)
-            except (PlanError, BackendError, NotFoundError) as exc:
-                # planning profiles with sample inputs and can fail where the request's own
-                # shapes run fine; the whole model on its default target is the safe answer
-                log.warning("dispatcher could not run %s (%s); running it whole", name,
-                            exc.message)
+    if (dispatcher is not None and daemon.config.dispatch.enabled
+            and dispatcher.has_plan(name, inputs)):
+        try:
+            outputs, plan = await dispatcher.infer(name, inputs)
+            return outputs, str(plan)
+        except (PlanError, BackendError, NotFoundError) as exc:
+            # planning profiles with sample inputs and can fail where the request's own
+            # shapes run fine; the whole model on its default target is the safe answer
+            log.warning("dispatcher could not run %s (%s); running it whole", name,
+                        exc.message)
     return await registry.run_tensor(name, inputs)
 
 

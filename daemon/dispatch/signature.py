@@ -1,0 +1,125 @@
+"""Input-shape signatures: the concrete shapes a plan is made for.
+
+A plan is valid for one set of input shapes (batch included): the graph is cut on shapes
+inferred for exactly those inputs, and every segment is timed on them. Shapes come from, in
+order: ``--input-shape NAME=1x3x320x320`` (CLI), ``[[models]] input_shapes`` (config), the
+model's own fixed dims, and in the daemon the first real request. Symbolic dims shared between
+inputs (``input_ids[batch, seq]`` and ``attention_mask[batch, seq]``) are bound once, so naming
+one input's shape can settle the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from edgepilot.backends.base import TensorSpec
+from edgepilot.errors import PlanError
+
+Shapes = dict[str, tuple[int, ...]]
+# a dim larger than this is a typo, not a tensor an edge board will hold
+MAX_DIM = 1 << 24
+
+
+def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x3x320x320`` -> ``("NAME", (1, 3, 320, 320))``; ``NAME=`` is a scalar."""
+    name, sep, dims = text.partition("=")
+    if not sep or not name:
+        raise PlanError(f"--input-shape {text!r}: expected NAME=DIMS, e.g. x=1x3x320x320",
+                        field="input_shape")
+    if not dims.strip():
+        return name, ()
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise PlanError(f"--input-shape {text!r}: dims must be positive integers joined by "
+                        "'x', e.g. 1x3x320x320", field="input_shape") from None
+    check_dims(name, shape, "input_shape")
+    return name, shape
+
+
+def check_dims(name: str, shape: Sequence[int], field: str) -> None:
+    bad = [d for d in shape if not 1 <= int(d) <= MAX_DIM]
+    if bad:
+        raise PlanError(f"input {name!r}: dim {bad[0]} out of range; allowed 1..{MAX_DIM}",
+                        field=field)
+
+
+def shapes_of(inputs: Mapping[str, np.ndarray]) -> Shapes:
+    """The signature of a real request."""
+    return {name: tuple(int(d) for d in np.shape(arr)) for name, arr in inputs.items()}
+
+
+def signature_of(shapes: Mapping[str, Sequence[int]]) -> str:
+    """A stable text form, e.g. ``input_ids=1x128;attention_mask=1x128`` (sorted by name)."""
+    return ";".join(f"{n}={'x'.join(str(d) for d in shapes[n])}" for n in sorted(shapes))
+
+
+def _label(dim: int | str | None) -> str:
+    return f" ({dim!r})" if isinstance(dim, str) else ""
+
+
+def resolve_shapes(model: str, specs: Sequence[TensorSpec],
+                   given: Mapping[str, Sequence[int]],
+                   hint: str = "--input-shape NAME=DxDx... or [[models]] input_shapes",
+                   defaults: Mapping[str, Sequence[int]] | None = None) -> Shapes:
+    """Concrete shapes of every input of ``specs``: ``given`` first, then fixed dims, then
+    ``defaults`` (a TFLite file's allocated shapes: what its interpreter runs unresized).
+
+    Raises PlanError naming the input, the dim and where to set it when a dim stays unknown,
+    and naming both values when ``given`` contradicts a dim the model fixes.
+    """
+    names = [s.name for s in specs]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise PlanError(f"model {model!r} has no input {unknown[0]!r}; its inputs: "
+                        f"{', '.join(names)}", field="input_shape")
+    bound: dict[str, int] = {}
+    out: Shapes = {}
+    for spec in specs:
+        if spec.name not in given:
+            continue
+        shape = tuple(int(d) for d in given[spec.name])
+        check_dims(spec.name, shape, "input_shape")
+        if len(shape) != len(spec.shape):
+            raise PlanError(f"model {model!r} input {spec.name!r} has {len(spec.shape)} dims "
+                            f"{_fmt(spec.shape)}; the shape given has {len(shape)}: "
+                            f"{'x'.join(map(str, shape)) or 'scalar'}", field="input_shape")
+        for k, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+            if isinstance(want, int) and want > 0 and want != got:
+                raise PlanError(f"model {model!r} input {spec.name!r} dim {k} is fixed at "
+                                f"{want} in the model; the shape given says {got}",
+                                field="input_shape")
+            if isinstance(want, str) and want and bound.setdefault(want, got) != got:
+                raise PlanError(f"model {model!r}: dim {want!r} is {bound[want]} in one "
+                                f"input and {got} in {spec.name!r}", field="input_shape")
+        out[spec.name] = shape
+    for spec in specs:
+        if spec.name in out:
+            continue
+        if defaults is not None and spec.name in defaults and not any(
+                isinstance(d, str) and d in bound for d in spec.shape):
+            out[spec.name] = tuple(int(d) for d in defaults[spec.name])
+            continue
+        dims: list[int] = []
+        for k, d in enumerate(spec.shape):
+            if isinstance(d, int) and d > 0:
+                dims.append(d)
+            elif isinstance(d, str) and d in bound:
+                dims.append(bound[d])
+            else:
+                raise PlanError(
+                    f"model {model!r} input {spec.name!r} dim {k}{_label(d)} is dynamic "
+                    f"{_fmt(spec.shape)}; give its shape with {hint} "
+                    f"(e.g. {spec.name}={_example(spec.shape)})", field="input_shape")
+        out[spec.name] = tuple(dims)
+    return out
+
+
+def _fmt(shape: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None or d == 0 else str(d) for d in shape) + "]"
+
+
+def _example(shape: Sequence[int | str | None]) -> str:
+    return "x".join(str(d) if isinstance(d, int) and d > 0 else "N" for d in shape) or "scalar"
