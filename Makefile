@@ -53,6 +53,7 @@ lint: install
 
 bench: install
 	$(PY) bench/run_bench.py
+	$(PY) bench/real_bench.py
 	$(PY) bench/telemetry_cpu.py
 
 clean:

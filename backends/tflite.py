@@ -6,10 +6,13 @@ delegate or a vendor NPU delegate). Precision is the file's own: ``int8`` for a 
 quantized inputs, else ``fp32``. A segment is cut out of the flatbuffer
 (:mod:`edgepilot.models.tflite_graph`), so any operator range can run on its own.
 
-No silent fallback: a delegate takes the operators it can and leaves the rest to the builtin
-CPU kernels without a word. So a delegate target (``xnnpack`` or an external one) supports a
-segment only when, with the delegate applied, no operator of the segment is left outside it
-(:func:`ops_outside_delegates` reads the interpreter's node list); ``cpu`` runs anything.
+No silent fallback off a device: a delegate takes the operators it can and leaves the rest to
+the builtin CPU kernels without a word. So an external delegate target (an NPU or GPU) supports
+a segment only when, with the delegate applied, no operator of the segment is left outside it
+(:func:`ops_outside_delegates` reads the interpreter's node list); the planner gives it the
+layers it takes whole. ``xnnpack`` is a CPU delegate: the operators it leaves run on the builtin
+kernels of the same interpreter, on the same device, so it supports any segment (the split is
+reported in :class:`Support`'s reason); ``cpu`` runs anything.
 """
 
 from __future__ import annotations
@@ -233,10 +236,19 @@ class TfliteBackend(Backend):
             support = Support(True)
             if outside:
                 shown = ", ".join(outside[:8]) + (" ..." if len(outside) > 8 else "")
-                support = Support(False, (
-                    f"the {device} delegate leaves {len(outside)} of {_n_ops(content)} operators "
-                    f"on the builtin CPU kernels ({shown}); that would be a silent fallback, "
-                    "so run this segment on tflite/cpu or split it"))
+                if device == "xnnpack":
+                    # XNNPACK is itself a CPU delegate: what it leaves runs on the builtin
+                    # kernels of the same interpreter, on the same device, with no hop
+                    support = Support(True, (
+                        f"XNNPACK takes {_n_ops(content) - len(outside)} of {_n_ops(content)} "
+                        f"operators; {shown} run on the builtin kernels in the same "
+                        "interpreter"))
+                else:
+                    support = Support(False, (
+                        f"the {device} delegate leaves {len(outside)} of {_n_ops(content)} "
+                        f"operators on the builtin CPU kernels ({shown}); that would be a "
+                        "silent fallback off the device, so the planner runs only the "
+                        "layers it takes there"))
         with self._lock:
             self._delegated[key] = support
         return support
