@@ -21,10 +21,11 @@ The whole model is always the user's own file.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,9 @@ _NO_FUSIONS = ["MatMulAddFusion", "GemmTransposeFusion", "ConvAddFusion", "ConvM
                "DoubleQDQPairsRemover", "QDQFinalCleanupTransformer", "GeluFusionL1",
                "LayerNormFusionL1", "SimplifiedLayerNormFusion", "MatMulIntegerToFloatFusion",
                "DynamicQuantizeMatMulFusion", "QuickGeluFusion", "GeluFusion", "LayerNormFusion"]
+# where the annotated copy keeps the sizes of measured tensors (their value_info dims stay
+# symbolic: a data-dependent size such as a NonZero count is only that one sample's)
+_MEASURED_KEY = "edgepilot.measured"
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,10 @@ def _collect(model: onnx.ModelProto) -> dict[str, TensorInfo]:
             found[vi.name] = info
     for init in g.initializer:
         found[init.name] = TensorInfo(_np_dtype(init.data_type), tuple(int(d) for d in init.dims))
+    for prop in model.metadata_props:
+        if prop.key == _MEASURED_KEY:
+            for name, (dtype, shape) in json.loads(prop.value).items():
+                found[name] = TensorInfo(dtype, tuple(shape))
     return found
 
 
@@ -177,22 +185,37 @@ def _measure(model: onnx.ModelProto, names: list[str],
             for n, v in zip(wanted, values, strict=True)}
 
 
-def _annotate(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> None:
+def _annotate(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
+              measured: Collection[str] = ()) -> None:
     g = model.graph
     io = {vi.name for vi in g.input} | {vi.name for vi in g.output}
     inits = {i.name for i in g.initializer}
+    measured = set(measured)
+
+    def value_info(t: str, info: TensorInfo) -> onnx.ValueInfoProto:
+        # a measured size holds for the sample run only: a segment reading the tensor must
+        # take other sizes, so its dims stay symbolic (the size is kept in the metadata)
+        dims: Sequence[int | str] = (
+            [f"{t}:{k}" for k in range(len(info.shape))] if t in measured else info.shape)
+        return helper.make_tensor_value_info(
+            t, helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), dims)
+
     del g.value_info[:]
     for node in g.node:
         for t in node.output:
             info = tensors.get(t)
             if t and t not in io and t not in inits and info is not None:
-                g.value_info.append(helper.make_tensor_value_info(
-                    t, helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), info.shape))
+                g.value_info.append(value_info(t, info))
     for vi in g.output:
         info = tensors.get(vi.name)
         if info is not None:
-            vi.CopyFrom(helper.make_tensor_value_info(
-                vi.name, helper.np_dtype_to_tensor_dtype(np.dtype(info.dtype)), info.shape))
+            vi.CopyFrom(value_info(vi.name, info))
+    kept = [p for p in model.metadata_props if p.key != _MEASURED_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    if measured:
+        model.metadata_props.add(key=_MEASURED_KEY, value=json.dumps(
+            {t: [tensors[t].dtype, list(tensors[t].shape)] for t in measured}))
 
 
 def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Path,
@@ -203,7 +226,8 @@ def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Pat
     unknown (data-dependent shapes depend on values: ids must be valid ids).
     """
     sig = signature_of(shapes)
-    key = hashlib.sha256(f"{model_sha256}|{sig}|onnx{onnx.__version__}".encode()).hexdigest()
+    # "|2": measured tensors keep symbolic dims (entries made before hold them fixed)
+    key = hashlib.sha256(f"{model_sha256}|{sig}|onnx{onnx.__version__}|2".encode()).hexdigest()
     out = cache_dir / f"{path.stem[:40]}-{key[:20]}.onnx"
     if out.is_file():
         try:
@@ -241,7 +265,7 @@ def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Pat
     if still:
         raise PlanError(f"{path.name}: tensors {still[:3]} were neither inferred nor produced "
                         "by a run; cannot cut this graph", field="model")
-    _annotate(model, tensors)
+    _annotate(model, tensors, missing)
     tmp_out = out.with_suffix(f".tmp{os.getpid()}")
     if model.ByteSize() > _INLINE_LIMIT:
         onnx.save(model, str(tmp_out), save_as_external_data=True,

@@ -1,0 +1,135 @@
+"""Input-shape signatures: ``--input-shape`` parsing, resolving every input's concrete shape
+(given, fixed dims, shared symbolic dims, defaults) and the stable signature text."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgepilot.backends.base import TensorSpec
+from edgepilot.dispatch.signature import parse_shape_arg, resolve_shapes, signature_of
+from edgepilot.errors import PlanError
+
+BERT = [TensorSpec("input_ids", "int64", ("batch", "seq")),
+        TensorSpec("attention_mask", "int64", ("batch", "seq")),
+        TensorSpec("token_type_ids", "int64", ("batch", "seq"))]
+IMAGE = [TensorSpec("x", "float32", (1, 3, 224, 224))]
+
+
+# ---- parse_shape_arg ------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "expected"), [
+    ("x=1x3x320x320", ("x", (1, 3, 320, 320))),
+    ("input:0=1X224X224X3", ("input:0", (1, 224, 224, 3))),
+    ("input_ids=64", ("input_ids", (64,))),
+    ("sr=", ("sr", ())),
+])
+def test_parse_shape_arg_good(text: str, expected: tuple[str, tuple[int, ...]]) -> None:
+    assert parse_shape_arg(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "x1x3",          # no '='
+    "=1x3",          # no name
+    "x=1xax3",       # not a number
+    "x=1x",          # empty dim
+    "x=1x0x3",       # zero dim
+    "x=1x-3",        # negative dim
+    f"x=1x{1 << 25}",  # past MAX_DIM
+])
+def test_parse_shape_arg_bad(text: str) -> None:
+    with pytest.raises(PlanError) as err:
+        parse_shape_arg(text)
+    assert err.value.field == "input_shape"
+
+
+# ---- resolve_shapes -------------------------------------------------------------------------
+def test_fixed_dims_used_without_anything_given() -> None:
+    assert resolve_shapes("cnn", IMAGE, {}) == {"x": (1, 3, 224, 224)}
+    # giving the same shape is accepted
+    assert resolve_shapes("cnn", IMAGE, {"x": [1, 3, 224, 224]}) == {"x": (1, 3, 224, 224)}
+
+
+def test_given_shape_contradicting_a_fixed_dim() -> None:
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("cnn", IMAGE, {"x": (1, 3, 256, 224)})
+    msg = err.value.message
+    assert err.value.field == "input_shape"
+    assert "'x'" in msg and "dim 2" in msg and "224" in msg and "256" in msg
+
+
+def test_unknown_input_lists_the_inputs() -> None:
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("bert", BERT, {"ids": (1, 64)})
+    msg = err.value.message
+    assert "'ids'" in msg
+    assert all(s.name in msg for s in BERT)
+
+
+def test_rank_mismatch() -> None:
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("bert", BERT, {"input_ids": (1, 64, 1)})
+    msg = err.value.message
+    assert "'input_ids'" in msg and "2 dims" in msg and "1x64x1" in msg
+    with pytest.raises(PlanError):
+        resolve_shapes("cnn", IMAGE, {"x": ()})
+
+
+def test_dynamic_dim_without_a_shape_names_input_dim_and_where_to_set_it() -> None:
+    specs = [TensorSpec("images", "float32", ("batch", 3, "height", "width"))]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("yolo", specs, {})
+    msg = err.value.message
+    assert err.value.field == "input_shape"
+    assert "'images'" in msg and "dim 0" in msg and "'batch'" in msg
+    assert "--input-shape" in msg and "input_shapes" in msg
+    # an unnamed dynamic dim (TFLite: None) later in the shape is named by its index
+    specs = [TensorSpec("audio", "float32", (1, None))]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("kws", specs, {})
+    assert "'audio'" in err.value.message and "dim 1" in err.value.message
+
+
+def test_shared_symbolic_dims_bind_across_inputs() -> None:
+    shapes = resolve_shapes("bert", BERT, {"input_ids": (1, 64)})
+    assert shapes == {"input_ids": (1, 64), "attention_mask": (1, 64),
+                      "token_type_ids": (1, 64)}
+    # binding goes both ways: naming a later input settles an earlier one
+    shapes = resolve_shapes("bert", BERT, {"token_type_ids": (2, 16)})
+    assert shapes["input_ids"] == (2, 16) and shapes["attention_mask"] == (2, 16)
+
+
+def test_a_symbolic_dim_only_partly_bound_is_still_an_error() -> None:
+    specs = [TensorSpec("a", "float32", ("batch", "seq")),
+             TensorSpec("b", "float32", ("batch", "width"))]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("m", specs, {"a": (1, 8)})
+    assert "'b'" in err.value.message and "dim 1" in err.value.message
+
+
+def test_conflicting_bindings() -> None:
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("bert", BERT, {"input_ids": (1, 64), "attention_mask": (1, 32)})
+    msg = err.value.message
+    assert "'seq'" in msg and "64" in msg and "32" in msg and "'attention_mask'" in msg
+
+
+def test_defaults_only_for_inputs_not_given() -> None:
+    specs = [TensorSpec("a", "float32", (None, 4)), TensorSpec("b", "float32", (None, 8))]
+    defaults = {"a": (1, 4), "b": (1, 8)}
+    assert resolve_shapes("t", specs, {}, defaults=defaults) == {"a": (1, 4), "b": (1, 8)}
+    assert resolve_shapes("t", specs, {"a": (3, 4)}, defaults=defaults) == {
+        "a": (3, 4), "b": (1, 8)}
+    # a default does not override a symbolic dim that a given input bound
+    specs = [TensorSpec("a", "float32", ("n", 4)), TensorSpec("b", "float32", ("n", 8))]
+    assert resolve_shapes("t", specs, {"a": (3, 4)}, defaults=defaults) == {
+        "a": (3, 4), "b": (3, 8)}
+
+
+# ---- signature_of ---------------------------------------------------------------------------
+def test_signature_is_order_independent_and_stable() -> None:
+    one = signature_of({"input_ids": (1, 64), "attention_mask": [1, 64], "sr": ()})
+    two = signature_of({"sr": [], "attention_mask": (1, 64), "input_ids": [1, 64]})
+    assert one == two == "attention_mask=1x64;input_ids=1x64;sr="
+    assert signature_of({"x": (1, 3, 32, 32)}) != signature_of({"x": (1, 3, 32, 64)})
+    # the text is what --input-shape reads back
+    back = dict(parse_shape_arg(p) for p in one.split(";"))
+    assert back == {"input_ids": (1, 64), "attention_mask": (1, 64), "sr": ()}
