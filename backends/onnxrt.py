@@ -207,6 +207,11 @@ class OnnxRuntimeBackend(Backend):
         if threads:
             opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
+        if not getattr(self.settings, "allow_spinning", False):
+            # idle workers otherwise spin for work: with several sessions in one process (the
+            # segments of a plan, other models) or another busy process, they take the core
+            # the running session needs (2x slower on 2 cores with one of them busy)
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         provider = DEVICE_PROVIDERS[device]
         if strict and device != "cpu":
             # no silent CPU fallback: a node the provider does not take fails the session

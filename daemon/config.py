@@ -153,6 +153,10 @@ class OnnxRuntimeSection(Section):
         default_factory=dict,
         description="Per-provider options, e.g. QNNExecutionProvider = {backend_path = ...}.")
     intra_op_threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
+    allow_spinning: bool = Field(
+        False, description="Let idle intra-op threads spin for work (onnxruntime's default). "
+        "Off: a daemon holds many sessions (models, plan segments) next to llama.cpp, and "
+        "spinning threads of one steal the cores the next one needs.")
 
 
 class TfliteSection(Section):
