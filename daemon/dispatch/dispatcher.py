@@ -327,7 +327,11 @@ class Dispatcher:
                 recent.append({k: np.array(v, copy=True) for k, v in inputs.items()})
         if md.plan is not None:
             return True
-        if key not in self.plan_failures and key not in self._planning:
+        # one plan in the making per model: a model whose requests come in many shapes (text
+        # lines of every width) would otherwise queue a profiling run per shape; a shape that
+        # keeps coming is planned once the current one is done
+        busy = any(k[0] == name for k in self._planning)
+        if key not in self.plan_failures and not busy:
             task = asyncio.get_running_loop().create_task(
                 self._plan_in_background(name, shapes, key), name=f"plan-{name}")
             self._planning[key] = task
