@@ -151,3 +151,25 @@ def test_xnnpack_runs_what_it_leaves_on_the_builtin_kernels_of_the_same_interpre
     env = {"input": x, **backend.compile(head, XNN).run({"input": x})}
     got = backend.compile(tail, CPU).run({n: env[n] for n in tail.inputs})["output"]
     np.testing.assert_allclose(got, interpret(path, {"input": x})["output"], atol=1e-5)
+
+
+def test_dynamic_batch_resizes_the_interpreter_per_request() -> None:
+    """A float TFLite export with shape_signature [-1, 76, 32, 1]: the same executable runs
+    batch 1, 3 and 1 again, each equal to LiteRT resized by hand."""
+    from real_models import by_name
+
+    path = by_name("wake-embedding").path
+    ins, outs = tflite_graph.io_names(path)
+    exe = TfliteBackend().compile(Segment(path, "tflite", ins, outs), XNN)
+    rng = np.random.default_rng(5)
+    for batch in (1, 3, 1):
+        x = rng.uniform(0, 4, (batch, 76, 32, 1)).astype(np.float32)
+        got = exe.run({ins[0]: x})[outs[0]]
+        ip = Interpreter(model_path=str(path))
+        ip.resize_tensor_input(ip.get_input_details()[0]["index"], list(x.shape))
+        ip.allocate_tensors()
+        ip.set_tensor(ip.get_input_details()[0]["index"], x)
+        ip.invoke()
+        ref = ip.get_tensor(ip.get_output_details()[0]["index"])
+        assert got.shape[0] == batch
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
