@@ -38,12 +38,21 @@ MAX_ROUNDS = 400
 
 
 def raw_runner(md: ModelDispatch) -> Runner:
-    """The runtime on the whole file with its default settings, bypassing edgepilot."""
+    """The runtime on the whole file with its default settings, bypassing edgepilot (and
+    resized to the plan's input shapes where the file's own differ)."""
     path = md.path
     if path.suffix.lower() == ".onnx":
         import onnxruntime as ort
 
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        backend = md.backends.get("onnxruntime")
+        if not getattr(getattr(backend, "settings", None), "allow_spinning", False):
+            # the same thread policy as edgepilot's sessions: in one process, a spinning
+            # session's idle workers slow every other session down (seen here 2x), so an
+            # in-process comparison with different policies measures the spinning, not us
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(str(path), sess_options=opts,
+                                    providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
 
         def run_onnx(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -53,6 +62,10 @@ def raw_runner(md: ModelDispatch) -> Runner:
     from ai_edge_litert.interpreter import Interpreter
 
     interp = Interpreter(model_path=str(path))
+    for d in interp.get_input_details():
+        shape = (md.shapes or {}).get(d["name"])
+        if shape is not None and tuple(shape) != tuple(int(x) for x in d["shape"]):
+            interp.resize_tensor_input(d["index"], list(shape), strict=False)
     interp.allocate_tensors()
     ins = {d["name"]: d["index"] for d in interp.get_input_details()}
     outs = {d["name"]: d["index"] for d in interp.get_output_details()}

@@ -217,8 +217,17 @@ class CostBuilder:
         if i in self.forced:
             return target == self.forced[i]
         cell = self.profile.cells[i].get(target)
-        return (cell is not None and cell.ms is not None and cell.error is not None
-                and cell.error <= self.tolerance)
+        if cell is None or cell.ms is None or cell.error is None:
+            return False
+        if cell.error <= self.tolerance:
+            return True
+        # a layer's error is measured on its own outputs, where it can look far larger than
+        # what reaches the model's output (a residual sum before its LayerNorm: MiniLM's int8
+        # FFN layers measure 0.08-0.12 while the whole int8 model is 0.014). A target whose
+        # whole model is within tolerance stays eligible; the plan's end-to-end check, which
+        # moves the worst layers back to the reference, is what guarantees the tolerance.
+        whole = self.profile.extra.get("whole_error", {}).get(target)
+        return whole is not None and whole <= self.tolerance
 
     def layer_ms(self, i: int, target: str) -> float | None:
         """Net cost of layer ``i`` inside a segment on ``target`` (None when not eligible)."""

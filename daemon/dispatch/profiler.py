@@ -235,8 +235,10 @@ class Profiler:
             for target in self.targets:
                 self.retime(0, n, target, whole_cells[str(target)])
         whole = {t: c.ms for t, c in whole_cells.items() if c.ms is not None}
+        whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
         return ProfileTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
-                            metric=self.metric, extra={"whole_ms": whole})
+                            metric=self.metric,
+                            extra={"whole_ms": whole, "whole_error": whole_error})
 
     def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
         """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""
