@@ -13,7 +13,7 @@ from edgepilot.board.devfreq import DevfreqDevice, discover_devfreq
 from edgepilot.board.identity import BoardIdentity, read_identity
 from edgepilot.board.power import TOTAL_RAIL, read_power
 from edgepilot.board.sysfs import Sysfs
-from edgepilot.board.thermal import read_temps, zone_readings
+from edgepilot.board.thermal import read_temps, read_trips, zone_readings
 from edgepilot.errors import BoardError
 
 # min/max file pairs whose order the kernel checks: writing min above max (or max below min)
@@ -95,6 +95,10 @@ class Board:
             if s.power_w is None:
                 s.power_source = None
         return s
+
+    def thermal_trips(self) -> dict[str, list[dict[str, object]]]:
+        """Trip points per thermal zone, keyed like ``BoardSample.temps_c``."""
+        return read_trips(self.fs)
 
     def _rapl_power(self, now: float, energy: dict[str, float]) -> float | None:
         # Package zones only (their children are already inside them); the first sample has no

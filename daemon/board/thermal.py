@@ -46,3 +46,28 @@ def zone_readings(fs: Sysfs) -> list[dict[str, object]]:
         out.append({"zone": zone.name, "type": fs.read_str(zone / "type") or zone.name,
                     "temp_c": None if milli is None else milli / 1000.0})
     return out
+
+
+_TRIP = re.compile(r"^trip_point_(\d+)_temp$")
+
+
+def read_trips(fs: Sysfs) -> dict[str, list[dict[str, object]]]:
+    """Zone key (as in :func:`read_temps`: its type, ``type@zoneN`` for a repeated type) ->
+    its trip points ``{"type": "passive"|"active"|"hot"|"critical"|..., "temp_c"}``, coolest
+    first. Unreadable trip points and zones without any are left out."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for zone in zone_dirs(fs):
+        kind = fs.read_str(zone / "type") or zone.name
+        key = kind if kind not in out else f"{kind}@{zone.name}"
+        try:
+            numbers = [m.group(1) for e in zone.iterdir() if (m := _TRIP.match(e.name))]
+        except OSError:  # the zone went away (hot-unplugged sensor)
+            continue
+        trips: list[tuple[float, str]] = []
+        for n in numbers:
+            milli = fs.read_int(zone / f"trip_point_{n}_temp")
+            if milli is not None:
+                trips.append((milli / 1000.0, fs.read_str(zone / f"trip_point_{n}_type") or "?"))
+        if trips:
+            out[key] = [{"type": kind_, "temp_c": temp} for temp, kind_ in sorted(trips)]
+    return out

@@ -3,8 +3,11 @@
 JSON body: ``{"inputs": {NAME: {"data": [...], "dtype": "float32", "shape": [...]}}}``; or a
 ``.npy`` body (``Content-Type: application/x-npy``) for a model with one input (or the input
 named by ``?input=NAME``). The answer is ``{"outputs": {NAME: {"data", "dtype", "shape"}},
-"plan": HASH, "latency_ms": ...}``, or ``.npy`` bytes of one output when the request says
-``Accept: application/x-npy`` (plan and latency then travel in ``X-Plan``/``X-Latency-Ms``).
+"plan": HASH, "latency_ms": ..., "energy_j": ...}``, or ``.npy`` bytes of one output when the
+request says ``Accept: application/x-npy`` (plan, latency and energy then travel in
+``X-Plan``/``X-Latency-Ms``/``X-Energy-J``). ``energy_j`` is the board energy attributed to the
+request (see :meth:`edgepilot.telemetry.work.WorkMeter.end`); null (no ``X-Energy-J``) on a
+board without a power sensor.
 
 The model runs through the dispatcher's plan for the request's input shapes when there is one;
 otherwise whole on its default target (``plan`` is ``single:<target>``) while a plan for those
@@ -133,15 +136,15 @@ async def infer(model: str, request: Request) -> Response:
     else:
         inputs = decode_json_inputs(raw)
     check_inputs(in_specs, inputs)
-    started = time.monotonic()
+    req = daemon.work.begin(model)
     try:
         outputs, plan = await run_model(daemon, model, inputs)
-    except Exception:
-        daemon.work.record(model, time.monotonic() - started, ok=False)
+    except BaseException:  # cancelled too: the request must stop counting as busy
+        daemon.work.end(req, ok=False)
         raise
-    latency = time.monotonic() - started
-    daemon.work.record(model, latency, plan=plan)
-    latency_ms = round(latency * 1000, 3)
+    done = time.monotonic()
+    energy_j = daemon.work.end(req, plan=plan, now=done)
+    latency_ms = round((done - req.started) * 1000, 3)
     if "application/x-npy" in request.headers.get("accept", ""):
         wanted = request.query_params.get("output") or (next(iter(outputs))
                                                         if len(outputs) == 1 else None)
@@ -150,8 +153,10 @@ async def infer(model: str, request: Request) -> Response:
                                field="output")
         buf = io.BytesIO()
         np.save(buf, np.asarray(outputs[wanted]), allow_pickle=False)
-        return Response(buf.getvalue(), media_type="application/x-npy",
-                        headers={"X-Plan": plan, "X-Latency-Ms": str(latency_ms),
-                                 "X-Output-Name": wanted})
-    body = {"outputs": encode_outputs(outputs), "plan": plan, "latency_ms": latency_ms}
+        headers = {"X-Plan": plan, "X-Latency-Ms": str(latency_ms), "X-Output-Name": wanted}
+        if energy_j is not None:
+            headers["X-Energy-J"] = repr(energy_j)
+        return Response(buf.getvalue(), media_type="application/x-npy", headers=headers)
+    body = {"outputs": encode_outputs(outputs), "plan": plan, "latency_ms": latency_ms,
+            "energy_j": energy_j}
     return Response(json.dumps(body), media_type="application/json")

@@ -23,6 +23,7 @@ _MODEL_GAUGES = (
      "Generated tokens per second over the last publish window"),
     ("latency_p50_ms", "edgepilot_model_latency_p50_seconds", "Median request latency"),
     ("latency_p95_ms", "edgepilot_model_latency_p95_seconds", "95th percentile request latency"),
+    ("latency_p99_ms", "edgepilot_model_latency_p99_seconds", "99th percentile request latency"),
     ("energy_j", "edgepilot_model_window_energy_joules",
      "Board energy while this model's requests ran (shared with concurrent ones), last window"),
     ("busy_s", "edgepilot_model_busy_seconds",
@@ -36,6 +37,10 @@ _MODEL_COUNTERS = (
     ("requests_total", "edgepilot_model_requests", "Requests served"),
     ("errors_total", "edgepilot_model_errors", "Requests failed"),
     ("tokens_total", "edgepilot_model_tokens", "Tokens generated"),
+    # exposed as edgepilot_model_energy_joules_total: the sum of the energy_j the model's
+    # answers carried (absent without a power sensor)
+    ("energy_total_j", "edgepilot_model_energy_joules",
+     "Energy attributed to this model's requests since the daemon started"),
 )
 
 

@@ -4,6 +4,9 @@ Every ``[telemetry] sample_interval_s`` the board is read off the loop (sysfs re
 is integrated into energy and thermal zones are checked; every ``publish_interval_s`` a report
 with a persistent ``seq`` is built and handed to listeners (MQTT). Missing sensors are absent
 fields, never zeros. The sampler keeps going whatever a sensor or a listener does.
+
+It is also the :class:`~edgepilot.telemetry.work.WorkMeter`'s attributor: the energy of one
+request is :meth:`TelemetrySampler.attribute` over the request's wall time.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
@@ -38,6 +43,8 @@ _RENAMED = {"energy_j": "board_energy_j"}
 _SKIPPED = ("ts",)
 # power samples kept for apportioning: a window of up to 3600 s at 10 Hz, plus slack
 _MAX_POWER_SAMPLES = 40_000
+# keys of apportion()'s busy map when one request's share is wanted (no model name has a NUL)
+_SELF, _OTHERS = "\0request", "\0others"
 
 
 class BoardSampleLike(Protocol):
@@ -71,6 +78,36 @@ def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, (dict, list)) and not value)
 
 
+def power_points(samples: Sequence[PowerSample], start: float,
+                 end: float) -> list[PowerSample] | None:
+    """The power curve over [start, end] as apportion() points: the power at ``start``, every
+    sample strictly inside, and the power at ``end``. Between two samples power is linear (the
+    integrator's trapezoids); after the last sample it is held at that sample's value, because
+    a request usually ends before the next sample is taken and must be answered now. Before
+    the first sample kept, and next to an unreadable sample, it is unknown (None). Returns None
+    when no stretch of [start, end] has a known power."""
+    if not samples:
+        return None
+    times = [t for t, _ in samples]
+
+    def at(t: float) -> float | None:
+        i = bisect_right(times, t)
+        if i == 0:
+            return None
+        t0, p0 = samples[i - 1]
+        if t == t0 or i == len(samples) or p0 is None:
+            return p0
+        t1, p1 = samples[i]
+        if p1 is None:
+            return None
+        return p0 + (p1 - p0) * (t - t0) / (t1 - t0)
+
+    inside = samples[bisect_right(times, start):bisect_right(times, end)]
+    points = [(start, at(start)), *((t, p) for t, p in inside if t < end), (end, at(end))]
+    known = any(a[1] is not None and b[1] is not None for a, b in pairwise(points))
+    return points if known else None
+
+
 class TelemetrySampler:
     """A Service: samples on a period, publishes reports on a longer one.
 
@@ -96,6 +133,10 @@ class TelemetrySampler:
         self._power: deque[PowerSample] = deque(maxlen=_MAX_POWER_SAMPLES)
         self._window_sample_t: float | None = None  # first power sample of the open window
         self._task: asyncio.Task[None] | None = None
+        # the board's thermal trip points, read once (static in practice; a thermal daemon
+        # that rewrites them is seen on restart)
+        self._trips: dict[str, list[dict[str, Any]]] | None = None
+        daemon.work.attributor = self.attribute
 
     # ---- wiring -----------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -174,6 +215,34 @@ class TelemetrySampler:
                 self.daemon.events.emit("thermal", zone=zone, temp_c=temp, threshold_c=warn,
                                         state="normal")
 
+    # ---- energy per request ---------------------------------------------------------------------
+    def attribute(self, start: float, end: float, exclude: int | None = None) -> float | None:
+        """Energy (J) of one request that ran over monotonic [start, end]: the board's power
+        integrated over that time, each moment shared equally with the other requests busy
+        then (finished or in flight; ``exclude`` is the request's own in-flight id). None
+        without a power sensor or when the power was unknown all that time."""
+        if not self.energy.started:
+            return None
+        points = power_points(list(self._power), start, end)
+        if points is None:
+            return None
+        busy = self.daemon.work.intervals(start, end, exclude=exclude)
+        others = [iv for ivs in busy.values() for iv in ivs]
+        return apportion(points, {_SELF: [(start, end)], _OTHERS: others}).models_j[_SELF]
+
+    def trips(self) -> dict[str, list[dict[str, Any]]]:
+        """Thermal trip points per zone (``{"type", "temp_c"}``, coolest first), read once."""
+        if self._trips is None:
+            board = self.daemon.board
+            reader = getattr(board, "thermal_trips", None)
+            try:
+                self._trips = reader() if reader is not None else {}
+            except Exception as exc:  # a sensor fault must not stop telemetry
+                log.warning("thermal trip points unreadable (%s: %s); shown without them",
+                            type(exc).__name__, exc)
+                self._trips = {}
+        return self._trips
+
     # ---- reports ----------------------------------------------------------------------------
     def _apportion(self, since: float | None) -> Apportioned | None:
         """The energy of the power samples from ``since`` on, split between models by the time
@@ -203,6 +272,11 @@ class TelemetrySampler:
                 m["latency_p50_ms"] = round(s.latency_p50_ms, 3)
             if s.latency_p95_ms is not None:
                 m["latency_p95_ms"] = round(s.latency_p95_ms, 3)
+            if s.latency_p99_ms is not None:
+                m["latency_p99_ms"] = round(s.latency_p99_ms, 3)
+            if s.energy_total_j is not None:
+                # since start: the sum of the energy_j its answers carried (a counter)
+                m["energy_total_j"] = round(s.energy_total_j, 6)
             m["busy_s"] = round(s.busy_s, 6)
             # this model's share of the window's energy (the board's power while its requests
             # ran, shared with concurrent ones), per unit of its work; idle energy is not in it
@@ -258,6 +332,9 @@ class TelemetrySampler:
             self._window_sample_t = self._power[-1][0]
         keep_from = min(self._window_sample_t or now,
                         now - 2 * self.daemon.config.telemetry.publish_interval_s)
+        oldest = self.daemon.work.oldest_in_flight()
+        if oldest is not None:  # a long generation still running is attributed over all of it
+            keep_from = min(keep_from, oldest)
         while len(self._power) > 1 and self._power[1][0] <= keep_from:
             self._power.popleft()
 
@@ -266,12 +343,17 @@ class TelemetrySampler:
         return dict(self._latest)
 
     def snapshot(self) -> dict[str, Any]:
-        """Latest sample plus work over the publish period so far; ``seq`` = last published."""
+        """Latest sample plus work over the publish period so far; ``seq`` = last published.
+        Also the thermal trip points (``trips_c``), which reports leave out (they do not
+        change)."""
         t = time.monotonic()
         window_s = self.daemon.config.telemetry.publish_interval_s
         shares = self._apportion(t - window_s)
         out: dict[str, Any] = {"seq": self.seq.last, **self._latest,
                                "models": self._models(window_s, shares, t)}
+        trips = self.trips()
+        if trips:
+            out["trips_c"] = trips
         out.update(self._extras_dict())
         return out
 
@@ -279,6 +361,7 @@ class TelemetrySampler:
     async def start(self) -> None:
         psutil.cpu_percent(interval=None)  # prime: the first call has nothing to compare with
         self.ingest(await self.daemon.run_blocking(self.read))
+        await self.daemon.run_blocking(self.trips)  # sysfs reads: off the loop, once
         self._task = asyncio.create_task(self._run(), name="telemetry-sampler")
         self.daemon.set_ready("telemetry", None)
 

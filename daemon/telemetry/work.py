@@ -1,15 +1,20 @@
-"""Work done by the executor, for throughput/latency telemetry.
+"""Work done by the executor, for throughput/latency telemetry and energy per request.
 
-Serving code calls :meth:`WorkMeter.record` once per finished request; the telemetry sampler asks
-for :meth:`WorkMeter.window` over its publish period. Thread-safe (inference runs in workers).
+Serving code calls :meth:`WorkMeter.begin` when a request starts and :meth:`WorkMeter.end` when
+it finishes (or :meth:`WorkMeter.record` with a latency it measured itself); the telemetry
+sampler asks for :meth:`WorkMeter.window` over its publish period. ``end`` returns the energy
+attributed to the request by the :data:`Attributor` the sampler installs (None without a power
+sensor). Thread-safe (inference runs in workers).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,23 +35,49 @@ class WorkStats:
     latency_p95_ms: float | None
     plan: str | None = None
     busy_s: float = 0.0  # sum of the window's request latencies
+    latency_p99_ms: float | None = None
+    # energy attributed to this model's requests since start (sum of their answers' energy_j);
+    # None while no request of it had a power reading to attribute
+    energy_total_j: float | None = None
+
+
+@dataclass
+class Request:
+    """A request in progress, from :meth:`WorkMeter.begin` to :meth:`WorkMeter.end`."""
+
+    model: str
+    started: float  # monotonic s
+    id: int = 0
+    ended: bool = field(default=False, compare=False)
+
+
+# (start, end, request id to leave out of the other requests) -> J attributed, None if unknown
+Attributor = Callable[[float, float, int], float | None]
 
 
 class WorkMeter:
     """Keeps the last ``horizon_s`` seconds of per-request records for every model."""
 
     def __init__(self, horizon_s: float = 3600.0, max_records: int = 100_000) -> None:
-        self._lock = threading.Lock()
+        # re-entrant: end() holds it while the attributor reads intervals(), so no other
+        # request can end (and be seen neither in flight nor finished) in between
+        self._lock = threading.RLock()
         self._horizon = horizon_s
         self._records: dict[str, deque[tuple[float, float, int]]] = {}
         self._max = max_records
         self._totals: dict[str, list[int]] = {}  # model -> [requests, errors, tokens]
         self._plans: dict[str, str] = {}  # model -> hash of the plan that served it last
+        self._energy: dict[str, float] = {}  # model -> J attributed to its requests
+        self._in_flight: dict[int, Request] = {}
+        self._ids = itertools.count(1)
+        self.attributor: Attributor | None = None  # set by the telemetry sampler
 
     def record(self, model: str, latency_s: float, tokens: int = 0, *, ok: bool = True,
-               plan: str | None = None, now: float | None = None) -> None:
-        """One finished request: its wall latency, for LLMs the tokens generated, and the short
-        hash of the plan that ran it (so telemetry names the plan behind the numbers)."""
+               plan: str | None = None, now: float | None = None,
+               energy_j: float | None = None) -> None:
+        """One finished request: its wall latency, for LLMs the tokens generated, the short
+        hash of the plan that ran it (so telemetry names the plan behind the numbers) and the
+        energy attributed to it, if known."""
         t = time.monotonic() if now is None else now
         with self._lock:
             if plan is not None:
@@ -57,10 +88,48 @@ class WorkMeter:
                 return
             totals[0] += 1
             totals[2] += tokens
+            if energy_j is not None:
+                self._energy[model] = self._energy.get(model, 0.0) + energy_j
             dq = self._records.setdefault(model, deque(maxlen=self._max))
             dq.append((t, latency_s, tokens))
             while dq and dq[0][0] < t - self._horizon:
                 dq.popleft()
+
+    def begin(self, model: str, now: float | None = None) -> Request:
+        """A request to ``model`` starts: it counts as busy (for energy shares) until
+        :meth:`end`. Every ``begin`` must be ended, failure and cancellation included."""
+        with self._lock:
+            req = Request(model, time.monotonic() if now is None else now, next(self._ids))
+            self._in_flight[req.id] = req
+            return req
+
+    def oldest_in_flight(self) -> float | None:
+        """Start (monotonic s) of the oldest request in progress, None when none is."""
+        with self._lock:
+            return min((r.started for r in self._in_flight.values()), default=None)
+
+    def end(self, req: Request, tokens: int = 0, *, ok: bool = True, plan: str | None = None,
+            now: float | None = None) -> float | None:
+        """``req`` finished: record it and return the energy (J) attributed to it.
+
+        The energy is the board's power integrated over the request's wall time, each moment
+        shared equally with the other requests busy then (see :mod:`.apportion`); None when
+        there is no power sensor, the power was unknown meanwhile, or the request failed
+        (a failed request's time is idle time, as in the window's split). A second ``end`` of
+        the same request does nothing and returns None.
+        """
+        t = time.monotonic() if now is None else now
+        with self._lock:
+            if req.ended:
+                return None
+            req.ended = True
+            self._in_flight.pop(req.id, None)
+            energy = None
+            if ok and self.attributor is not None:
+                energy = self.attributor(req.started, t, req.id)
+            self.record(req.model, t - req.started, tokens, ok=ok, plan=plan, now=t,
+                        energy_j=energy)
+            return energy
 
     def window(self, window_s: float, now: float | None = None) -> dict[str, WorkStats]:
         """Per-model stats over the last ``window_s`` seconds (models never seen are absent)."""
@@ -70,6 +139,7 @@ class WorkMeter:
             for model, totals in self._totals.items():
                 recent = [r for r in self._records.get(model, ()) if r[0] > t - window_s]
                 lat = np.array([r[1] for r in recent]) * 1000.0
+                energy = self._energy.get(model)
                 tokens = sum(r[2] for r in recent)
                 out[model] = WorkStats(
                     model=model, requests_total=totals[0], errors_total=totals[1],
@@ -78,12 +148,17 @@ class WorkMeter:
                     latency_p50_ms=float(np.percentile(lat, 50)) if lat.size else None,
                     latency_p95_ms=float(np.percentile(lat, 95)) if lat.size else None,
                     plan=self._plans.get(model),
-                    busy_s=float(sum(r[1] for r in recent)))
+                    busy_s=float(sum(r[1] for r in recent)),
+                    latency_p99_ms=float(np.percentile(lat, 99)) if lat.size else None,
+                    energy_total_j=energy)
         return out
 
-    def intervals(self, start: float, end: float) -> dict[str, list[tuple[float, float]]]:
+    def intervals(self, start: float, end: float, *, exclude: int | None = None
+                  ) -> dict[str, list[tuple[float, float]]]:
         """Per model, the (start, end) of each request that ran during [start, end], clipped to
-        it (a request is its end time minus its latency); models without any are absent."""
+        it (a request is its end time minus its latency; one still in flight runs until
+        ``end``); models without any are absent. ``exclude``: the id of an in-flight request
+        to leave out."""
         out: dict[str, list[tuple[float, float]]] = {}
         with self._lock:
             for model, records in self._records.items():
@@ -91,4 +166,7 @@ class WorkMeter:
                          if t > start and t - lat < end]
                 if spans:
                     out[model] = spans
+            for rid, req in self._in_flight.items():
+                if rid != exclude and req.started < end:
+                    out.setdefault(req.model, []).append((max(req.started, start), end))
         return out
