@@ -9,15 +9,17 @@ and :func:`n_gpu_layers_for` turns the GPU segment into llama.cpp's parameter.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -35,9 +37,83 @@ from edgepilot.errors import BackendError, CommandError
 from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # the file's own GGUF types; the dispatcher never re-quantizes a GGUF
 NATIVE = "native"
+
+
+class LlamaThread:
+    """The one thread that runs every llama.cpp computation of the process.
+
+    llama.cpp's CPU backend is built with OpenMP here: each thread that starts a parallel
+    computation becomes the master of its own pool of OpenMP threads, kept for reuse. Once the
+    process holds more OpenMP threads than cores (two masters with two threads each on a 2-core
+    board), libgomp throttles its spin-waits and every barrier, hundreds per token, goes through
+    a futex. Multi-threaded decode then ran 3x slower (27 vs 8.6 ms/token for SmolLM2-135M on
+    2 threads) in the daemon, whose requests landed on whichever executor thread was free and
+    whose plan measured on yet another, while 1 thread (no parallel region) was unaffected: the
+    plan chose 1 thread and decode ran at 0.5x raw. One master keeps one pool.
+
+    Requests to llama.cpp are serialised per device anyway, so one thread costs no concurrency
+    on a CPU board. Callers on this thread run directly; others hand the call over and wait.
+    """
+
+    def __init__(self) -> None:
+        self._ident: int | None = None
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="llama.cpp", initializer=self._mark)
+
+    def _mark(self) -> None:
+        self._ident = threading.get_ident()
+
+    def here(self) -> bool:
+        """Whether the caller is the llama.cpp thread."""
+        return threading.get_ident() == self._ident
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on the llama.cpp thread (its exceptions re-raised here)."""
+        if self.here():
+            return fn(*args, **kwargs)
+        return self.executor.submit(fn, *args, **kwargs).result()
+
+    def iterate(self, start: Callable[[], Iterator[T]]) -> Iterator[T]:
+        """The items of ``start()``, produced on the llama.cpp thread.
+
+        From another thread the items are handed over one by one; a consumer that stops early
+        stops the producer after its current item and waits for it to leave llama.cpp."""
+        if self.here():
+            yield from start()
+            return
+        items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                with contextlib.closing(iter(start())) as it:  # type: ignore[type-var]
+                    for item in it:
+                        items.put(("item", item))
+                        if stop.is_set():
+                            break
+                items.put(("end", None))
+            except BaseException as exc:  # re-raised in the consumer
+                items.put(("error", exc))
+
+        fut = self.executor.submit(produce)
+        try:
+            while True:
+                kind, item = items.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            fut.result()
+
+
+LLAMA_THREAD = LlamaThread()
 
 
 def _import() -> Any:
@@ -132,7 +208,7 @@ class TokenStream:
         with exe.lock:
             exe.begin_request()
             with refused_as_bad_request(self.field):
-                yield from self._start()
+                yield from LLAMA_THREAD.iterate(self._start)
             self.usage = usage_of(exe.llm, empty_prompt=self._empty_prompt)
             exe.end_request()
 
@@ -224,13 +300,21 @@ class LlamaExecutable(Executable):
         if not tokens or len(tokens) > self.n_ctx:
             raise BackendError(f"'tokens' must hold 1..{self.n_ctx} ids", field="inputs.tokens")
         llama_cpp = _import()
-        with self.lock:
+        def last_logits() -> np.ndarray:
             self.llm.reset()
             self.llm.eval(tokens)
             # llama-cpp-python keeps no scores without logits_all; read the last row directly
             ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
-            logits = np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+            return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+
+        with self.lock:
+            logits = LLAMA_THREAD.call(last_logits)
         return {"logits": logits}
+
+    @property
+    def executor(self) -> concurrent.futures.Executor:
+        """Where callers should run this model's calls (the llama.cpp thread: no hand-over)."""
+        return LLAMA_THREAD.executor
 
     def set_threads(self, n_threads: int) -> None:
         """Run with ``n_threads`` for decode *and* prompt batches from the next request on."""
@@ -280,7 +364,8 @@ class LlamaExecutable(Executable):
                 self.llm.create_chat_completion, messages=messages, **params), field="messages")
         with self.lock, refused_as_bad_request("messages"):
             self.begin_request()
-            out = self.llm.create_chat_completion(messages=messages, **params)
+            out = LLAMA_THREAD.call(self.llm.create_chat_completion, messages=messages,
+                                    **params)
             self.end_request()
             return out
 
@@ -294,7 +379,7 @@ class LlamaExecutable(Executable):
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)
         with self.lock, refused_as_bad_request("prompt"):
             self.begin_request()
-            out = self.llm.create_completion(prompt=prompt, **params)
+            out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
             self.end_request()
             return out
 
@@ -302,7 +387,7 @@ class LlamaExecutable(Executable):
         with self.lock:
             close = getattr(self.llm, "close", None)
             if close is not None:
-                close()
+                LLAMA_THREAD.call(close)
 
 
 class LlamaCppBackend(Backend):
@@ -373,7 +458,8 @@ class LlamaCppBackend(Backend):
         n_gpu = s.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
         type_k, type_v = self.kv_type_ids()
         try:
-            llm = _counting_llama(llama_cpp)(
+            llm = LLAMA_THREAD.call(
+                _counting_llama(llama_cpp),
                 model_path=str(path), n_ctx=ctx, n_gpu_layers=n_gpu,
                 n_threads=s.n_threads or os.cpu_count() or 1, use_mmap=s.use_mmap,
                 use_mlock=s.use_mlock, flash_attn=s.flash_attn, type_k=type_k, type_v=type_v,

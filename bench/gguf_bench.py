@@ -275,17 +275,34 @@ def bench_decode(path: Path, work: Path, rounds: int, max_tokens: int) -> dict[s
     return out
 
 
+def load_in_child(path: Path, rounds: int) -> dict[str, Any]:
+    """Part 1 in a process of its own: its in-process daemon computes on edgepilot's llama.cpp
+    thread, and a second thread computing in this process (raw's, in part 2) would make
+    llama.cpp's OpenMP pools throttle each other (see ``LlamaThread``)."""
+    res = subprocess.run([sys.executable, __file__, "--part", "load", "--model", str(path),
+                          "--rounds", str(rounds)], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"the load part failed:\n{res.stderr}")
+    out: dict[str, Any] = json.loads(res.stdout.splitlines()[-1])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("gguf_results.json"))
+    ap.add_argument("--part", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
     args = ap.parse_args()
     path = (args.model or default_model()).resolve()
+    if args.part == "load":
+        with tempfile.TemporaryDirectory(prefix="gguf-bench-load-") as tmp:
+            print(json.dumps(bench_load(path, Path(tmp), args.rounds)))
+        return
     with tempfile.TemporaryDirectory(prefix="gguf-bench-") as tmp:
         work = Path(tmp)
-        load = bench_load(path, work, args.rounds)
+        load = load_in_child(path, args.rounds)
         print(f"load   raw {load['raw']['median'] * 1e3:7.1f} ms | daemon "
               f"{load['daemon']['median'] * 1e3:7.1f} ms (x{load['daemon_over_raw']}) | "
               f"daemon, plan cached {load['daemon_planned']['median'] * 1e3:7.1f} ms "

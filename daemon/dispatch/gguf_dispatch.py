@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable
+from edgepilot.backends.llamacpp import LLAMA_THREAD, LlamaCppBackend, LlamaExecutable
 from edgepilot.dispatch.gguf_live import NOISY_SPREAD, LiveStats, LiveTrial, trial_reason
 from edgepilot.dispatch.gguf_select import (
     Candidate,
@@ -100,24 +100,30 @@ def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: 
         nxt = [(5 + 7 * i) % vocab for i in range(decode_tokens)]
         prefill: dict[int, list[float]] = {t: [] for t in threads}
         decode: dict[int, list[float]] = {t: [] for t in threads}
+        def one_round(order: list[int], counted: bool) -> None:
+            # on the llama.cpp thread, like serving (see LlamaThread), inside the hold
+            for t in order:
+                exe.set_threads(t)
+                llm.reset()
+                t0 = time.perf_counter()
+                llm.eval(prompt)
+                t1 = time.perf_counter()
+                for tok in nxt:
+                    llm.eval([tok])
+                t2 = time.perf_counter()
+                if counted:
+                    prefill[t].append((t1 - t0) * 1e3 / prompt_tokens)
+                    decode[t].append((t2 - t1) * 1e3 / decode_tokens)
+
         target, r = rounds, 0
         while True:
             # alternate the order: the first count after the hold is taken must not always be
-            # the same one (caches, frequency ramp-up)
-            order = threads if r % 2 == 0 else threads[::-1]
+            # the same one (caches, frequency ramp-up); round 0 warms up and is not counted.
+            # The hold is taken here, not on the llama.cpp thread: a request waiting for that
+            # thread between two rounds must be able to run, or it would hold its device slot
+            # while the next round waits for that slot.
             with hold():
-                for t in order:
-                    exe.set_threads(t)
-                    llm.reset()
-                    t0 = time.perf_counter()
-                    llm.eval(prompt)
-                    t1 = time.perf_counter()
-                    for tok in nxt:
-                        llm.eval([tok])
-                    t2 = time.perf_counter()
-                    if r:  # round 0 warms the caches and is not counted
-                        prefill[t].append((t1 - t0) * 1e3 / prompt_tokens)
-                        decode[t].append((t2 - t1) * 1e3 / decode_tokens)
+                LLAMA_THREAD.call(one_round, threads if r % 2 == 0 else threads[::-1], r > 0)
             if r >= target:
                 noisy = any(spread(decode[t]) > NOISY_SPREAD for t in threads)
                 if not noisy or target >= max_rounds:

@@ -12,6 +12,7 @@ string is), so both equal what llama-cpp-python reports.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -161,8 +162,8 @@ async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req
         cancel = threading.Event()
         try:
             async with queue.slot():
-                result = await daemon.run_blocking(functools.partial(call, cancel=cancel,
-                                                                     **params))
+                result = await asyncio.get_running_loop().run_in_executor(
+                    _executor(daemon, lm), functools.partial(call, cancel=cancel, **params))
         except Exception:
             daemon.work.record(req.model, time.monotonic() - started, ok=False)
             raise
@@ -197,6 +198,14 @@ async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req
         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
+def _executor(daemon: Any, lm: LoadedModel) -> concurrent.futures.Executor:
+    """Where a generation runs: the model's own thread when it has one (llama.cpp runs every
+    computation on one thread, see ``LlamaThread``: a hand-over per token would cost), else the
+    daemon's worker pool."""
+    own = getattr(lm.executable, "executor", None)
+    return own if isinstance(own, concurrent.futures.Executor) else daemon.executor  # type: ignore[no-any-return]
+
+
 class _Worker:
     """One streamed generation in a worker thread, handing chunks to the loop."""
 
@@ -220,7 +229,7 @@ class _Worker:
             except Exception as exc:
                 loop.call_soon_threadsafe(items.put_nowait, ("error", exc))
 
-        self.fut = loop.run_in_executor(daemon.executor, work)
+        self.fut = loop.run_in_executor(_executor(daemon, lm), work)
         # the device is freed when the worker leaves the runtime, whatever happens to the
         # response (even one whose body is never iterated because the client left first)
         self.fut.add_done_callback(self._release)
