@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -52,15 +53,40 @@ def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     return out or None
 
 
+def show_progress() -> bool:
+    """Whether to draw the progress bar: on a terminal, unless ``EDGEPILOT_PROGRESS`` says
+    otherwise (``1`` draws it into a pipe or file too, ``0`` never draws it)."""
+    forced = os.environ.get("EDGEPILOT_PROGRESS", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return sys.stderr.isatty()
+
+
+_bar_open = False  # a bar line is drawn and not yet ended with a newline
+
+
 def progress_bar(done: int, total: int, label: str) -> None:
     """A one-line progress bar on stderr (only when stderr is a terminal or forced)."""
+    global _bar_open
+    if not show_progress():
+        return
     width = 30
     filled = int(width * done / max(total, 1))
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
                      f"{label[:60]:<60}")
-    if done >= total:
+    _bar_open = done < total
+    if not _bar_open:
         sys.stderr.write("\n")
     sys.stderr.flush()
+
+
+def end_progress() -> None:
+    """End a bar left mid-line (a phase that stopped early) before printing results."""
+    global _bar_open
+    if _bar_open:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+        _bar_open = False
 
 
 def ensure_models(config: Config) -> None:
@@ -139,6 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     md = dispatcher.get(args.model, input_shapes(args))
     md.prepare(reprofile=args.reprofile)
     plan = md.explain()
+    end_progress()
     print(json.dumps(plan, indent=2) if args.json else render_plan(plan))
     return 0
 
@@ -160,6 +187,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          f"model {args.model!r} run `edgepilot plan {args.model}`, which times "
                          "every llama.cpp candidate", field="model")
     result = bench(md, runs=args.runs, budget_s=args.budget_s)
+    end_progress()
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -221,7 +221,7 @@ def test_gguf_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -
            "[mqtt]\nenabled = false\n")
     d = daemon_factory(cfg).start()
     try:
-        status, plan = d.request("GET", "/v1/plan/chat")
+        status, plan = d.request("GET", "/v1/plan/chat?wait=true")
         assert status == 200, plan
         check_shape(plan, 2)
         status, reply = d.request("POST", "/v1/commands/plan.get", {"model": "chat"})

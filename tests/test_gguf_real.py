@@ -79,7 +79,7 @@ def test_streamed_answer_is_the_same(daemon: DaemonProcess) -> None:
 
 def test_plan_measures_threads_and_serving_reports_its_decode_speed(
         daemon: DaemonProcess) -> None:
-    status, plan = daemon.request("GET", "/v1/plan/smol", timeout=300)
+    status, plan = daemon.request("GET", "/v1/plan/smol?wait=true", timeout=300)
     assert status == 200, plan
     assert plan["kind"] == "gguf" and plan["n_threads"] in (1, 2)
     assert {c["n_threads"] for c in plan["candidates"]} == {1, 2}

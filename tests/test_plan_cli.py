@@ -87,7 +87,7 @@ def test_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -> Non
         + f'[daemon]\nmodel_dir = "{tmp_path / "models"}"\ndemo_models = false\n'
     d = daemon_factory(cfg).start()
     try:
-        status, plan = d.request("GET", "/v1/plan/tf")
+        status, plan = d.request("GET", "/v1/plan/tf?wait=true")
         assert status == 200
         check_plan_shape(plan)
         status, reply = d.request("POST", "/v1/commands/plan.get", {"model": "tf"})

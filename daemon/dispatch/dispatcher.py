@@ -83,6 +83,8 @@ class Dispatcher:
         # background planning: a request never waits for profiling (seconds to minutes)
         self._planning: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.plan_failures: dict[tuple[str, str], str] = {}
+        # (model, signature) -> (done, total, what) of its latest profiling step
+        self.planning_progress: dict[tuple[str, str], tuple[int, int, str]] = {}
 
     # ---- set-up -------------------------------------------------------------------------------
     def progress(self, done: int, total: int, what: str) -> None:
@@ -91,6 +93,14 @@ class Dispatcher:
             raise PlanError("planning cancelled: the daemon is stopping")
         if self._user_progress is not None:
             self._user_progress(done, total, what)
+
+    def _progress_of(self, key: tuple[str, str]) -> Progress:
+        """Progress of one (model, signature): recorded for ``plan_progress``, then passed on."""
+        def report(done: int, total: int, what: str) -> None:
+            self.planning_progress[key] = (done, total, what)
+            self.progress(done, total, what)
+
+        return report
 
     @property
     def backends(self) -> dict[str, Backend]:
@@ -229,6 +239,7 @@ class Dispatcher:
                 if found is not None:
                     return found
             gd = self._gguf(key, path)
+            gd.progress = self._progress_of((name, ""))
             with self._lock:
                 return self._models.setdefault((name, ""), gd)
         resolved = self.shapes_for(name, path, shapes)
@@ -254,7 +265,8 @@ class Dispatcher:
         recent = self._recent.setdefault((name, sig), deque(maxlen=max(1, d.sample_requests)))
         md = ModelDispatch(key, path, self.backends, targets, opts, cache=self.cache,
                            key_parts=self.key_parts(), freqs=board_freqs(self.board),
-                           budgets=self.budgets(), progress=self.progress, emit=self.emit,
+                           budgets=self.budgets(), progress=self._progress_of((name, sig)),
+                           emit=self.emit,
                            corpus=self.kernel_models if d.kernel_corpus else None,
                            shapes=resolved, graph_dir=self.config.state_dir / "cache" / "graphs",
                            recent=lambda: list(recent))
@@ -332,10 +344,40 @@ class Dispatcher:
         # keeps coming is planned once the current one is done
         busy = any(k[0] == name for k in self._planning)
         if key not in self.plan_failures and not busy:
-            task = asyncio.get_running_loop().create_task(
-                self._plan_in_background(name, shapes, key), name=f"plan-{name}")
-            self._planning[key] = task
+            self._start_planning(name, shapes, key)
         return False
+
+    def _start_planning(self, name: str, shapes: Shapes | None, key: tuple[str, str]) -> None:
+        self.planning_progress[key] = (0, 0, "starting")
+        task = asyncio.get_running_loop().create_task(
+            self._plan_in_background(name, shapes, key), name=f"plan-{name}")
+        self._planning[key] = task
+
+    def plan_progress(self, name: str) -> dict[str, Any] | None:
+        """None when ``name`` has a plan to explain now; else how far its plan in the making
+        is (``{"state": "planning", "done", "total", "what", ...}``), planning it in the
+        background for its configured shapes first when nothing is in the making.
+
+        Never waits for profiling (``GET /v1/plan/{model}`` answers 202 with this). A plan
+        that failed for those shapes is a PlanError with the reason; ``replan`` tries again.
+        """
+        with self._lock:
+            if any(n == name and md.plan is not None for (n, _), md in self._models.items()):
+                return None
+        keys = [k for k in self._planning if k[0] == name]
+        if not keys:
+            md = self.get(name)  # unknown model, or shapes still to give: the error says which
+            if md.plan is not None:
+                return None
+            key = (name, getattr(md, "signature", ""))
+            if key in self.plan_failures:
+                raise PlanError(f"planning {name} failed: {self.plan_failures[key]}; "
+                                f"POST /v1/plan/{name}/replan tries again", field="model")
+            self._start_planning(name, None, key)
+            keys = [key]
+        done, total, what = self.planning_progress.get(keys[0], (0, 0, "starting"))
+        return {"state": "planning", "model": name, "signature": keys[0][1] or None,
+                "done": done, "total": total, "what": what}
 
     async def _plan_in_background(self, name: str, shapes: Shapes | None,
                                   key: tuple[str, str]) -> None:
@@ -351,6 +393,7 @@ class Dispatcher:
                         key[1], reason)
         finally:
             self._planning.pop(key, None)
+            self.planning_progress.pop(key, None)
 
     async def wait_planned(self) -> None:
         """Wait for background planning in progress (tests, orderly stop)."""

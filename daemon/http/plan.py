@@ -1,15 +1,25 @@
-"""``GET /v1/plan/{model}``: the model's per-layer plan; ``POST .../replan`` replans it."""
+"""``GET /v1/plan/{model}``: the model's per-layer plan; ``POST .../replan`` replans it.
+
+Making a plan takes seconds (a minute for a big model; the first plan on a board also times
+the kernel corpus), so ``GET`` never waits for one unless asked to (``?wait=true``): while the
+plan is being made in the background it answers ``202`` with how far it got, and ``200`` with
+the plan once it exists.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 
 from edgepilot.errors import PlanError
 from edgepilot.http.auth import require_token
 
 router = APIRouter(tags=["plan"])
+
+# seconds a client should wait before asking again while a plan is being made
+RETRY_AFTER_S = 1
 
 
 def _dispatcher(request: Request) -> Any:
@@ -19,10 +29,23 @@ def _dispatcher(request: Request) -> Any:
     return dispatcher
 
 
-@router.get("/v1/plan/{model}")
-async def get_plan(model: str, request: Request) -> dict[str, Any]:
-    """Per layer: target, predicted and measured ms, runner-up; plan totals and hash."""
-    result: dict[str, Any] = await _dispatcher(request).plan(model)
+@router.get("/v1/plan/{model}", responses={202: {
+    "description": "The plan is being made in the background: "
+                   '{"state": "planning", "model", "signature", "done", "total", "what"}; '
+                   "ask again (Retry-After) for the plan"}})
+async def get_plan(model: str, request: Request, wait: bool = False) -> Any:
+    """Per layer: target, predicted and measured ms, runner-up; plan totals and hash.
+
+    Without a plan yet: 202 with the planning progress (planning starts in the background on
+    the first ask); ``wait=true`` waits for the plan instead.
+    """
+    dispatcher = _dispatcher(request)
+    if not wait:
+        progress = dispatcher.plan_progress(model)
+        if progress is not None:
+            return JSONResponse(progress, status_code=202,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+    result: dict[str, Any] = await dispatcher.plan(model)
     return result
 
 
