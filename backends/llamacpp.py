@@ -32,6 +32,7 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
+from edgepilot.backends.native_log import route_llama_logs
 from edgepilot.config import LlamacppSection
 from edgepilot.errors import BackendError, CommandError
 from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
@@ -122,6 +123,7 @@ def _import() -> Any:
     except ImportError as exc:
         raise BackendUnavailable(
             f"llama-cpp-python is not installed ({exc}); pip install 'edgepilot[gguf]'") from None
+    route_llama_logs(llama_cpp)
     return llama_cpp
 
 

@@ -30,8 +30,9 @@ class _QuietQuantizer(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
-        return not (msg.startswith("Please consider to run pre-processing")
-                    or msg.startswith("Quantization parameters for tensor"))
+        return not msg.startswith(("Please consider to run pre-processing",
+                                   "Quantization parameters for tensor",
+                                   "Ignore MatMul due to non constant B"))
 
 
 logging.getLogger().addFilter(_QuietQuantizer())

@@ -17,9 +17,10 @@ reported in :class:`Support`'s reason); ``cpu`` runs anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
+from edgepilot.backends.native_log import stderr_without
 from edgepilot.config import TfliteSection
 from edgepilot.errors import BackendError
 from edgepilot.models import tflite_graph
@@ -41,6 +43,22 @@ from edgepilot.models import tflite_graph
 log = logging.getLogger(__name__)
 
 BUILTIN_DEVICES = ("xnnpack", "cpu")
+# printed to fd 2 by the runtime when its first XNNPACK delegate is made (once per process)
+XNNPACK_LINE = b"Created TensorFlow Lite XNNPACK delegate"
+_xnnpack_started = False
+
+
+@contextlib.contextmanager
+def first_xnnpack() -> Iterator[None]:
+    """Around code that may make the process's first XNNPACK delegate (an interpreter with
+    the default delegates, allocated): the runtime's INFO line about it is dropped."""
+    global _xnnpack_started
+    if _xnnpack_started:
+        yield
+        return
+    with stderr_without([XNNPACK_LINE]):
+        yield
+    _xnnpack_started = True
 
 
 def _interpreter_module() -> Any:
@@ -306,8 +324,9 @@ class TfliteBackend(Backend):
             kwargs["experimental_op_resolver_type"] = (
                 mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         try:
-            interp = mod.Interpreter(**kwargs)
-            interp.allocate_tensors()  # applies the default (XNNPACK) delegate
+            with first_xnnpack() if device == "xnnpack" else contextlib.nullcontext():
+                interp = mod.Interpreter(**kwargs)
+                interp.allocate_tensors()  # applies the default (XNNPACK) delegate
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"TFLite could not build {label} on {self.name}/{device}: "
                                f"{exc}") from None

@@ -164,8 +164,11 @@ def render(report: dict[str, Any]) -> str:
     if spool.get("spool_exists"):
         lines.append(f"  spool: {spool.get('messages')} message(s) waiting, telemetry seq "
                      f"{spool.get('first_seq')}..{spool.get('last_seq')}")
-    if spool.get("seq_recorded") is not None:
-        lines.append(f"  last telemetry seq recorded: {spool['seq_recorded']}")
+    if spool.get("seq_published") is not None:
+        lines.append(f"  last telemetry seq published: {spool['seq_published']}")
+    elif spool.get("seq_recorded") is not None:
+        lines.append(f"  telemetry seq: at most {spool['seq_recorded']} (reserved in blocks; "
+                     "the exact number is written at a clean stop)")
     for err in spool.get("errors") or []:
         lines.append(f"  spool problem: {err}")
     return "\n".join(lines)

@@ -107,8 +107,11 @@ def _tflite_reference(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray | 
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
         return None
-    interp = Interpreter(model_path=str(path))
-    interp.allocate_tensors()
+    from edgepilot.backends.tflite import first_xnnpack
+
+    with first_xnnpack():
+        interp = Interpreter(model_path=str(path))
+        interp.allocate_tensors()
     for d in interp.get_input_details():
         interp.set_tensor(d["index"], feeds[d["name"]])
     interp.invoke()

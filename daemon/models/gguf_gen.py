@@ -7,12 +7,15 @@ Everything is written with the ``gguf`` package; nothing is downloaded.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+# gguf's writer logs three INFO lines (endianness, file list) for every file it writes
+logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)
 Tokenizer = Literal["spm", "bpe"]
 WeightType = Literal["f16", "q8_0", "q4_0"]
 
@@ -37,7 +40,9 @@ class GgufSpec:
     n_heads: int = 4
     n_kv_heads: int = 2
     n_ff: int = 128
-    n_ctx_train: int = 512
+    # = [backends.llamacpp] n_ctx's default: served at that context, llama.cpp would warn
+    # (n_ctx_seq > n_ctx_train) on every load of the demo and doctor's probe model
+    n_ctx_train: int = 2048
     tokenizer: Tokenizer = "spm"
     weight_type: WeightType = "q8_0"
     seed: int = 0

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
-from edgepilot.telemetry.seq import SEQ_FILE
+from edgepilot.telemetry.seq import LAST_SEQ_FILE, SEQ_FILE
 
 SPOOL_FILE = "mqtt-spool.jsonl"
 
@@ -24,8 +25,10 @@ def spool_info(state_dir: Path) -> dict[str, Any]:
     ``telemetry_messages`` (those whose payload carries a ``seq``), ``unreadable_lines``,
     ``first_seq``/``last_seq`` (of the spooled telemetry, None when there is none),
     ``seq_path``, ``seq_recorded`` (the number in the seq file: the exact last seq after a clean
-    stop, an upper bound after a crash; None when absent or unreadable) and ``errors`` (why a
-    file could not be read; empty when both were fine).
+    stop, an upper bound reserved in blocks while a daemon runs or after a crash; None when
+    absent or unreadable), ``seq_published`` (the last seq telemetry handed out, from
+    ``telemetry.seq.last``; None when absent) and ``errors`` (why a file could not be read;
+    empty when all were fine).
     """
     state_dir = Path(state_dir)
     spool, seq_path = state_dir / SPOOL_FILE, state_dir / SEQ_FILE
@@ -33,7 +36,8 @@ def spool_info(state_dir: Path) -> dict[str, Any]:
         "spool_path": str(spool), "spool_exists": spool.is_file(), "size_bytes": 0,
         "messages": 0, "telemetry_messages": 0, "unreadable_lines": 0,
         "first_seq": None, "last_seq": None,
-        "seq_path": str(seq_path), "seq_recorded": None, "errors": []}
+        "seq_path": str(seq_path), "seq_recorded": None, "seq_published": None,
+        "errors": []}
     if info["spool_exists"]:
         try:
             info["size_bytes"] = spool.stat().st_size
@@ -48,6 +52,9 @@ def spool_info(state_dir: Path) -> dict[str, Any]:
         pass
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         info["errors"].append(f"cannot read {seq_path}: {exc}")
+    # absent (no telemetry yet, an older daemon) or torn: seq_recorded still says
+    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
+        info["seq_published"] = int((state_dir / LAST_SEQ_FILE).read_text(encoding="ascii"))
     return info
 
 

@@ -5,10 +5,14 @@ in blocks (one small fsync'd write per ``block`` numbers), and a clean stop writ
 one. After a crash the next run starts above the reserved bound, so a number is never reused; the
 cost is a jump of at most ``block``, which a consumer sees as a gap it can tell from loss because
 the daemon also restarted (``status`` uptime).
+
+The number last handed out is also written, without fsync, to a second file: the reserved bound
+is no count an operator can compare with what telemetry published (``doctor`` reads this one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -18,6 +22,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SEQ_FILE = "telemetry.seq"  # in the state dir
+LAST_SEQ_FILE = SEQ_FILE + ".last"  # the last number handed out, for doctor
 
 
 class PersistentSeq:
@@ -27,6 +32,7 @@ class PersistentSeq:
         if block < 1:
             raise ValueError("block must be >= 1")
         self.path = path
+        self.last_path = path.with_name(path.name + ".last")
         self.block = block
         self._lock = threading.Lock()
         self._last = self._load()
@@ -54,14 +60,16 @@ class PersistentSeq:
         log.warning("%s; telemetry seq continues from %d so it still only increases", why, start)
         return start
 
-    def _write(self, value: int) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
+    def _write(self, value: int, path: Path | None = None, sync: bool = True) -> None:
+        path = path or self.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w", encoding="ascii") as fh:
             fh.write(f"{value}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
 
     @property
     def last(self) -> int:
@@ -82,6 +90,9 @@ class PersistentSeq:
                     # still correct for this run; a crash before the next good write could
                     # reuse numbers, which the warning tells the operator
                     log.warning("cannot persist telemetry seq to %s: %s", self.path, exc)
+            # informational only; the reservation above is what keeps seq increasing
+            with contextlib.suppress(OSError):
+                self._write(self._last, self.last_path, sync=False)
             return self._last
 
     def close(self) -> None:
