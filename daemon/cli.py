@@ -27,6 +27,7 @@ SUBCOMMANDS: list[str] = [
     "edgepilot.profile_cli",
     "edgepilot.plan_cli",
     "edgepilot.sweep_cli",
+    "edgepilot.top.cli",
 ]
 
 

@@ -51,6 +51,17 @@ async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
+def segments_of(targets: Sequence[str]) -> list[dict[str, Any]]:
+    """Consecutive layers on one target as ``{"target", "layers": [first, end)}``."""
+    out: list[dict[str, Any]] = []
+    for i, target in enumerate(targets):
+        if out and out[-1]["target"] == target:
+            out[-1]["layers"][1] = i + 1
+        else:
+            out.append({"target": target, "layers": [i, i + 1]})
+    return out
+
+
 class Dispatcher:
     """Per-layer plans for every tensor model this daemon (or CLI run) serves."""
 
@@ -303,6 +314,26 @@ class Dispatcher:
         with self._lock:
             return [sig for (n, sig), md in self._models.items()
                     if n == name and md.plan is not None]
+
+    def summaries(self) -> dict[str, Any]:
+        """The plans in hand, planning nothing (``GET /v1/plan``, ``edgepilot top``): per model
+        and input-shape signature its hash and targets per segment, least recently used first;
+        the (model, signature) pairs being planned in the background, with their progress;
+        those whose planning failed, with the reason."""
+        with self._lock:
+            held = [(n, sig, md.plan) for (n, sig), md in self._models.items()
+                    if md.plan is not None]
+        return {
+            "plans": [{"model": n, "signature": sig or None, "hash": plan.hash,
+                       "segments": segments_of(plan.targets), "reason": plan.reason}
+                      for n, sig, plan in held],
+            "planning": [{"model": n, "signature": sig or None,
+                          **dict(zip(("done", "total", "what"), self.planning_progress.get(
+                              (n, sig), (0, 0, "starting")), strict=True))}
+                         for n, sig in list(self._planning)],
+            "failed": [{"model": n, "signature": sig or None, "reason": why}
+                       for (n, sig), why in list(self.plan_failures.items())],
+        }
 
     # ---- sync API (CLI, worker threads) -------------------------------------------------------
     def plan_for(self, name: str, shapes: Mapping[str, Sequence[int]] | None = None

@@ -2,7 +2,10 @@
 ``POST /v1/completions`` (plain JSON, or SSE chunks ending in ``data: [DONE]``).
 
 Generation runs in llama-cpp-python inside a worker thread while holding the model's device
-slot, so requests to one device are serialised and a full queue answers 503. Usage counts are
+slot, so requests to one device are serialised and a full queue answers 503. ``usage`` also
+carries ``energy_j`` (the board energy attributed to the request, see
+:meth:`edgepilot.telemetry.work.WorkMeter.end`) and ``joules_per_token`` (per completion token),
+both null without a power sensor; clients that do not know them ignore them. Usage counts are
 llama.cpp's own: for streams (``stream_options.include_usage``) the backend's
 :class:`~edgepilot.backends.llamacpp.TokenStream` counts the sampled tokens with the rule of the
 non-streamed response (an end-of-generation token is not counted, a token completing a ``stop``
@@ -17,7 +20,7 @@ import contextlib
 import functools
 import json
 import threading
-import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
@@ -28,6 +31,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from edgepilot.commands import error_body
 from edgepilot.errors import CommandError
 from edgepilot.models.registry import LoadedModel, ModelRegistry
+from edgepilot.telemetry.work import Request as WorkRequest
 
 router = APIRouter()
 
@@ -153,31 +157,41 @@ async def completions(req: CompletionRequest, request: Request) -> Any:
     return await _serve(request, registry, lm, req, call, params)
 
 
+def energy_usage(energy_j: float | None, completion_tokens: int) -> dict[str, float | None]:
+    """The energy fields of ``usage``: null when unknown (no power sensor), never 0."""
+    per_token = energy_j / completion_tokens if energy_j is not None and completion_tokens else None
+    return {"energy_j": energy_j, "joules_per_token": per_token}
+
+
 async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req: Sampling,
                  call: Callable[..., Any], params: dict[str, Any]) -> Any:
     daemon = request.app.state.daemon
     queue = registry.queue(lm.device)
-    started = time.monotonic()
+    work = daemon.work.begin(req.model)  # busy (for energy shares) until ended, whatever happens
     if not req.stream:
         cancel = threading.Event()
         try:
             async with queue.slot():
                 result = await asyncio.get_running_loop().run_in_executor(
                     _executor(daemon, lm), functools.partial(call, cancel=cancel, **params))
-        except Exception:
-            daemon.work.record(req.model, time.monotonic() - started, ok=False)
+        except BaseException:
+            daemon.work.end(work, ok=False)
             raise
         finally:
             cancel.set()  # cancelled (client gone, shutdown): the worker stops at its next token
             registry.release(lm)
         result["model"] = req.model
-        daemon.work.record(req.model, time.monotonic() - started,
-                           tokens=int(result.get("usage", {}).get("completion_tokens", 0)))
+        usage = result.get("usage")
+        completion = int(usage.get("completion_tokens", 0)) if isinstance(usage, dict) else 0
+        energy = daemon.work.end(work, tokens=completion)
+        if isinstance(usage, dict):
+            usage.update(energy_usage(energy, completion))
         return JSONResponse(result)
     try:
         await queue.acquire()  # a full queue is a 503 before any byte is streamed
-    except Exception:
+    except BaseException:
         registry.release(lm)
+        daemon.work.end(work, ok=False)
         raise
     worker = _Worker(daemon, registry, lm, call, params)
     try:
@@ -187,15 +201,19 @@ async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req
         first = await worker.items.get()
     except BaseException:
         worker.finish()
+        daemon.work.end(work, ok=False)
         raise
     if first[0] == "error":
         worker.finish()
-        daemon.work.record(req.model, time.monotonic() - started, ok=False)
+        daemon.work.end(work, ok=False)
         raise first[1]
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return StreamingResponse(
-        _stream(daemon, worker, first, req.model, include_usage, started),
-        media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    body = _stream(daemon, worker, first, req.model, include_usage, work)
+    # a body that is never iterated (the client left before it started) runs no finally:
+    # the request still stops counting as busy when the body is dropped (no-op once ended)
+    weakref.finalize(body, daemon.work.end, work, ok=False)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 def _executor(daemon: Any, lm: LoadedModel) -> concurrent.futures.Executor:
@@ -244,7 +262,7 @@ class _Worker:
 
 
 async def _stream(daemon: Any, worker: _Worker, first: tuple[str, Any], name: str,
-                  include_usage: bool, started: float) -> AsyncIterator[str]:
+                  include_usage: bool, work: WorkRequest) -> AsyncIterator[str]:
     last: dict[str, Any] = {}
     usage: dict[str, int] | None = None
     ok = False
@@ -263,12 +281,14 @@ async def _stream(daemon: Any, worker: _Worker, first: tuple[str, Any], name: st
                 break
             kind, item = await worker.items.get()
         completion = usage["completion_tokens"] if usage else 0
+        # ended before the tail is sent: its energy goes into the final usage chunk
+        energy = daemon.work.end(work, tokens=completion, ok=ok)
         if ok and include_usage and usage is not None:
             tail: dict[str, Any] = {"id": last.get("id"), "object": last.get("object"),
                     "created": last.get("created"), "model": name, "choices": [],
-                    "usage": usage}
+                    "usage": {**usage, **energy_usage(energy, completion)}}
             yield f"data: {json.dumps(tail)}\n\n"
         yield "data: [DONE]\n\n"
-        daemon.work.record(name, time.monotonic() - started, tokens=completion, ok=ok)
     finally:
+        daemon.work.end(work, ok=False)  # the client left mid-stream (no-op once ended)
         worker.finish()

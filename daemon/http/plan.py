@@ -29,6 +29,14 @@ def _dispatcher(request: Request) -> Any:
     return dispatcher
 
 
+@router.get("/v1/plan")
+async def list_plans(request: Request) -> dict[str, Any]:
+    """The plans in hand, per model and input shapes: hash and targets per segment; the plans
+    being made and the ones that failed. Never starts planning (``edgepilot top`` reads it)."""
+    result: dict[str, Any] = _dispatcher(request).summaries()
+    return result
+
+
 @router.get("/v1/plan/{model}", responses={202: {
     "description": "The plan is being made in the background: "
                    '{"state": "planning", "model", "signature", "done", "total", "what"}; '
