@@ -23,6 +23,7 @@ import pytest
 from board_fixtures import FakeBoard, build_tree, three_policy_board
 from daemon_proc import DaemonProcess, free_port
 from models_fixtures import gguf_path, module_tmp  # noqa: F401 - fixtures
+from mqtt_fixtures import Broker, Recorder, broker, wait_for  # noqa: F401 - fixtures
 
 from edgepilot.models.onnx_gen import mlp_stack
 from edgepilot.top.app import TopApp
@@ -173,6 +174,42 @@ def test_without_a_power_sensor_energy_is_null(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert "no power sensor" in out.stdout
     finally:
+        assert d.stop() == 0
+        fake.close()
+
+
+def test_mqtt_telemetry_carries_model_energy_and_top_shows_the_broker(
+        tmp_path: Path, broker: Broker) -> None:  # noqa: F811
+    fake = build_tree(tmp_path / "root", "orin")
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "mlp.onnx", widths=(16, 32, 16), batch=1)
+    cfg = (f'[mqtt]\nhost = "{broker.host}"\nport = {broker.port}\ndevice_id = "top"\n'
+           "[dispatch]\nenabled = false\n"
+           "[telemetry]\nsample_interval_s = 0.1\npublish_interval_s = 0.3\n")
+    d = DaemonProcess(tmp_path, cfg, extra_args=["--sysfs-root", str(fake.root),
+                                                 "--model-dir", str(models)])
+    rec = Recorder(broker, ["edgepilot/top/telemetry"])
+    try:
+        d.start()
+        d.wait_for("/readyz", timeout=120)
+        answered = sum(infer(d)["energy_j"] for _ in range(3))
+
+        def carried() -> float:
+            last = [m["models"].get("mlp", {}) for m in rec.json_on("edgepilot/top/telemetry")]
+            return max((m.get("energy_total_j", 0.0) for m in last), default=0.0)
+
+        # the per-model counter in the published telemetry holds what the answers carried
+        wait_for(lambda: carried() >= answered - 1e-5, timeout=60,
+                 what="telemetry with the model's energy")
+        assert carried() == pytest.approx(answered, abs=1e-5)
+        out = top("--url", d.url, "--once")
+        assert out.returncode == 0, out.stderr
+        mqtt_line = next(ln for ln in out.stdout.splitlines() if ln.startswith("MQTT"))
+        assert mqtt_line.startswith(f"MQTT connected {broker.host}:{broker.port}"), mqtt_line
+        assert "buffered 0" in mqtt_line and "dropped 0" in mqtt_line
+    finally:
+        rec.close()
         assert d.stop() == 0
         fake.close()
 
