@@ -78,6 +78,10 @@ def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, (dict, list)) and not value)
 
 
+def _time(sample: PowerSample) -> float:
+    return sample[0]
+
+
 def power_points(samples: Sequence[PowerSample], start: float,
                  end: float) -> list[PowerSample] | None:
     """The power curve over [start, end] as apportion() points: the power at ``start``, every
@@ -88,10 +92,9 @@ def power_points(samples: Sequence[PowerSample], start: float,
     when no stretch of [start, end] has a known power."""
     if not samples:
         return None
-    times = [t for t, _ in samples]
 
     def at(t: float) -> float | None:
-        i = bisect_right(times, t)
+        i = bisect_right(samples, t, key=_time)
         if i == 0:
             return None
         t0, p0 = samples[i - 1]
@@ -102,7 +105,7 @@ def power_points(samples: Sequence[PowerSample], start: float,
             return None
         return p0 + (p1 - p0) * (t - t0) / (t1 - t0)
 
-    inside = samples[bisect_right(times, start):bisect_right(times, end)]
+    inside = samples[bisect_right(samples, start, key=_time):bisect_right(samples, end, key=_time)]
     points = [(start, at(start)), *((t, p) for t, p in inside if t < end), (end, at(end))]
     known = any(a[1] is not None and b[1] is not None for a, b in pairwise(points))
     return points if known else None

@@ -162,10 +162,17 @@ class WorkMeter:
         out: dict[str, list[tuple[float, float]]] = {}
         with self._lock:
             for model, records in self._records.items():
-                spans = [(max(t - lat, start), min(t, end)) for t, lat, _ in records
-                         if t > start and t - lat < end]
+                spans = []
+                # newest first, stopping at the first that ended before ``start``: records are
+                # appended as requests end, so no older one reaches into the range. Every
+                # request's energy is attributed through here: it must not scan the horizon.
+                for t, lat, _ in reversed(records):
+                    if t <= start:
+                        break
+                    if t - lat < end:
+                        spans.append((max(t - lat, start), min(t, end)))
                 if spans:
-                    out[model] = spans
+                    out[model] = spans[::-1]
             for rid, req in self._in_flight.items():
                 if rid != exclude and req.started < end:
                     out.setdefault(req.model, []).append((max(req.started, start), end))
