@@ -5,19 +5,23 @@ those clocks (profiles are cached per DVFS profile), time the plan side by side 
 while sampling the board's power, then move on; the board is restored at the end, also on error
 or Ctrl-C. Answers the operator's question "which profile for this model: fastest, or fewest
 joules per inference?". Run it with the daemon stopped: both would own the clocks.
+
+The measuring itself is :mod:`edgepilot.sweep`. ``--slo-ms P`` names the lowest-energy profile
+whose p95 meets P (``slo_pick``, or null with ``slo_reason``); ``--csv`` and ``--plot`` write
+the rows and the latency/energy picture with its Pareto front (:mod:`edgepilot.sweep_report`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import threading
+from pathlib import Path
 from typing import Any
 
-from edgepilot.errors import ConfigError, EdgepilotError, ModelError
+from edgepilot.errors import ConfigError
+from edgepilot.sweep import PowerSampler, measure_profiles, summarize, sweep_one
 
-SAMPLE_PERIOD_S = 0.1
+__all__ = ["PowerSampler", "add_parser", "cmd_sweep", "run_sweep", "sweep_one"]
 
 
 def add_parser(sub: Any) -> None:
@@ -30,80 +34,25 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--budget-s", type=float, default=0.3,
                    help="timed seconds the plan gets at least per profile (default 0.3, 0..60)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--csv", type=Path, default=None, metavar="FILE",
+                   help="also write one row per profile (p50, p95, power, energy, Pareto, SLO)")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                   help="also draw latency (p50, p95) against energy per inference, the Pareto "
+                   "front marked (needs matplotlib: the 'plot' extra)")
+    p.add_argument("--slo-ms", type=float, default=None, metavar="P",
+                   help="name the lowest-energy profile whose p95 latency is at most P ms")
     from edgepilot.plan_cli import add_shape_flag
 
     add_shape_flag(p)
     p.set_defaults(func=cmd_sweep)
 
 
-class PowerSampler:
-    """Board power sampled on a thread while a measurement runs (mean of readable samples)."""
-
-    def __init__(self, board: Any) -> None:
-        self.board = board
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sweep-power", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            watts = self.board.sample().power_w
-            if watts is not None:
-                self.samples.append(float(watts))
-            self._stop.wait(SAMPLE_PERIOD_S)
-
-    def __enter__(self) -> PowerSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    @property
-    def mean_w(self) -> float | None:
-        return statistics.fmean(self.samples) if self.samples else None
-
-
-def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, runs: int,
-              budget_s: float, shapes: dict[str, tuple[int, ...]] | None = None
-              ) -> dict[str, Any]:
-    """Apply ``profile``, plan and time ``model`` under it; the caller restores the board."""
-    from edgepilot.dispatch.bench import bench
-    from edgepilot.dispatch.dispatcher import Dispatcher
-    from edgepilot.dispatch.model_dispatch import ModelDispatch
-    from edgepilot.plan_cli import progress_bar
-
-    manager.apply(profile, reason="sweep")
-    # a fresh dispatcher: plans and profiles are keyed by the DVFS profile now active
-    dispatcher = Dispatcher(config, board=board, profiles=manager, progress=progress_bar)
-    md = dispatcher.get(model, shapes)
-    if not isinstance(md, ModelDispatch):
-        raise ModelError(f"sweep times per-layer plans of ONNX/TFLite models; for the GGUF model "
-                         f"{model!r} run `edgepilot plan {model}` under each profile",
-                         field="model")
-    md.prepare()
-    with PowerSampler(board) as power:
-        result = bench(md, runs=runs, budget_s=budget_s)
-    ms = result["plan"]["median_ms"]
-    watts = power.mean_w
-    clocks = {name: {k: c.get(k) for k in ("governor", "min_khz", "max_khz")}
-              for name, c in board.sample().cpu.items()}
-    return {"profile": profile, "ok": True, "plan": result["hash"],
-            "targets": result["plan"]["targets"], "median_ms": ms,
-            "error": result["plan"]["error"],
-            "power_w": round(watts, 6) if watts is not None else None,
-            # board energy while one inference runs (the whole board's draw, as telemetry)
-            "energy_mj_per_inference": round(watts * ms, 6) if watts is not None else None,
-            "cpu": clocks}
-
-
 def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
-              budget_s: float, shapes: dict[str, tuple[int, ...]] | None = None
-              ) -> dict[str, Any]:
+              budget_s: float, shapes: dict[str, tuple[int, ...]] | None = None,
+              slo_ms: float | None = None) -> dict[str, Any]:
     """Every profile in turn, the board restored at the end whatever happens."""
     from edgepilot.dvfs.service import make_manager
-    from edgepilot.plan_cli import ensure_models
+    from edgepilot.plan_cli import ensure_models, progress_bar
 
     ensure_models(config)
     manager = make_manager(config)
@@ -112,29 +61,9 @@ def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
     if not names:
         raise ConfigError("no DVFS profile is valid on this board (see `edgepilot profile "
                           "list`); nothing to sweep", field="profiles")
-    rows: list[dict[str, Any]] = []
-    try:
-        for name in names:
-            try:
-                rows.append(sweep_one(config, board, manager, model, name, runs, budget_s,
-                                      shapes))
-            except ModelError:
-                raise
-            except EdgepilotError as exc:  # one profile failing does not end the sweep
-                rows.append({"profile": name, "ok": False, "reason": exc.message})
-            finally:
-                # each profile starts from the board as it was found, as it would at boot
-                manager.restore(reason="sweep")
-    finally:
-        manager.restore(reason="sweep")
-    done = [r for r in rows if r["ok"]]
-    with_energy = [r for r in done if r["energy_mj_per_inference"] is not None]
-    return {
-        "model": model, "profiles": rows,
-        "fastest": min(done, key=lambda r: r["median_ms"])["profile"] if done else None,
-        "most_efficient": min(with_energy, key=lambda r: r["energy_mj_per_inference"])["profile"]
-        if with_energy else None,
-    }
+    rows = measure_profiles(config, board, manager, model, names, runs, budget_s, shapes,
+                            progress=progress_bar)
+    return summarize(model, rows, slo_ms)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -144,17 +73,39 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
     if not 0 <= args.budget_s <= 60:
         raise ConfigError(f"--budget-s {args.budget_s}: allowed 0..60", field="budget_s")
+    if args.slo_ms is not None and not 0 < args.slo_ms <= 3_600_000:
+        raise ConfigError(f"--slo-ms {args.slo_ms:g}: allowed a latency above 0 and at most "
+                          "3600000 ms", field="slo_ms")
+    for flag, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path is not None and not path.parent.is_dir():
+            raise ConfigError(f"{flag} {path}: the directory {path.parent} does not exist",
+                              field=flag.lstrip("-"))
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401 - checked before minutes of measuring, not after
+        except ImportError:
+            raise ConfigError("--plot needs matplotlib; install it with "
+                              "`.venv/bin/pip install 'edgepilot[plot]'`", field="plot") from None
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] \
         if args.profiles else None
-    from edgepilot.plan_cli import input_shapes
+    from edgepilot.plan_cli import end_progress, input_shapes
 
     result = run_sweep(config_from(args), args.model, profiles, args.runs, args.budget_s,
-                       input_shapes(args))
+                       input_shapes(args), args.slo_ms)
+    end_progress()
+    from edgepilot.sweep_report import write_csv, write_plot
+
+    if args.csv is not None:
+        write_csv(result, args.csv)
+    if args.plot is not None:
+        write_plot(result, args.plot)
+    code = 0 if any(r["ok"] for r in result["profiles"]) else 1
     if args.json:
         print(json.dumps(result, indent=2))
-        return 0 if any(r["ok"] for r in result["profiles"]) else 1
+        return code
     print(f"model {result['model']}")
-    print(f"{'profile':<14} {'plan':<11} {'median ms':>10} {'power W':>8} {'mJ/inf':>9}  targets")
+    print(f"{'profile':<14} {'plan':<11} {'median ms':>10} {'p95 ms':>9} {'power W':>8} "
+          f"{'mJ/inf':>9}  targets")
     for r in result["profiles"]:
         if not r["ok"]:
             print(f"{r['profile']:<14} failed: {r['reason']}")
@@ -162,9 +113,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         watts = f"{r['power_w']:.3f}" if r["power_w"] is not None else "-"
         mj = f"{r['energy_mj_per_inference']:.4f}" \
             if r["energy_mj_per_inference"] is not None else "-"
-        print(f"{r['profile']:<14} {r['plan']:<11} {r['median_ms']:>10.4f} {watts:>8} {mj:>9}  "
-              f"{' -> '.join(r['targets'])}")
+        mark = "*" if r.get("pareto") else " "
+        print(f"{r['profile']:<13}{mark} {r['plan']:<11} {r['median_ms']:>10.4f} "
+              f"{r['p95_ms']:>9.4f} {watts:>8} {mj:>9}  {' -> '.join(r['targets'])}")
     print(f"fastest: {result['fastest']}; fewest joules per inference: "
           f"{result['most_efficient'] or 'unknown (no power sensor)'}")
+    if result["pareto"]:
+        print(f"Pareto front (energy vs p95, marked *): {', '.join(result['pareto'])}")
+    if args.slo_ms is not None:
+        if result["slo_pick"] is not None:
+            print(f"SLO p95 <= {args.slo_ms:g} ms: {result['slo_pick']} (the fewest joules per "
+                  "inference among the profiles that meet it)")
+        else:
+            print(f"SLO p95 <= {args.slo_ms:g} ms: no pick: {result['slo_reason']}")
+    for flag, path in (("csv", args.csv), ("plot", args.plot)):
+        if path is not None:
+            print(f"{flag}: {path}")
     print("the board was restored to its clocks before the sweep")
-    return 0 if any(r["ok"] for r in result["profiles"]) else 1
+    return code

@@ -120,6 +120,8 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
              for name, ms in est.items()}
     slow = {name for name, ms in est.items() if ms > COLD_MS}
     times: dict[str, list[float]] = {name: [] for name in runners}
+    # every timed call's ms, for the tail (p95) next to the medians
+    calls_ms: dict[str, list[float]] = {name: [] for name in runners}
     timed_s: dict[str, float] = dict.fromkeys(runners, 0.0)
     rng = random.Random(0)
     order = list(runners)
@@ -129,12 +131,14 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
         rng.shuffle(order)
         for name in order:
             ms, spent = _burst(runners[name], feed, 1 if name in slow else calls[name],
-                               name in slow)
+                               name in slow, calls_ms[name])
             times[name].append(ms)
             timed_s[name] += spent
     med = {name: statistics.median(ts) for name, ts in times.items()}
     tol = md.opts.tolerance
-    single = {name: {"median_ms": round(med[name], 4), "error": errors[name],
+    p95 = {name: round(percentile(ts, 95), 4) for name, ts in calls_ms.items()}
+    single = {name: {"median_ms": round(med[name], 4), "p95_ms": p95[name],
+                     "error": errors[name],
                      "within_tolerance": errors[name] <= tol}
               for name in runners if name not in ("plan", "raw")}
     eligible = [v["median_ms"] for v in single.values() if v["within_tolerance"]]
@@ -142,10 +146,12 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     result: dict[str, Any] = {
         "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": rounds,
         "timed_s": {name: round(v, 3) for name, v in timed_s.items()},
-        "plan": {"median_ms": round(med["plan"], 4), "predicted_ms": round(md.plan.predicted_ms, 4),
+        "plan": {"median_ms": round(med["plan"], 4), "p95_ms": p95["plan"],
+                 "predicted_ms": round(md.plan.predicted_ms, 4),
                  "targets": [s[0] for s in md.plan.segments], "error": errors["plan"]},
         "single": single,
-        "raw": {"median_ms": round(med["raw"], 4)} if "raw" in med else None,
+        "raw": {"median_ms": round(med["raw"], 4), "p95_ms": p95["raw"]}
+        if "raw" in med else None,
         "speedup_vs_best_single": round(best / med["plan"], 3) if best else None,
         # median over rounds of (single / plan) timed in the same round
         "paired_ratio": {name: round(statistics.median(
@@ -173,10 +179,11 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
 
 
 def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int,
-           slow: bool) -> tuple[float, float]:
+           slow: bool, into: list[float] | None = None) -> tuple[float, float]:
     """One variant's turn: an untimed call (unless slow), then ``calls`` timed ones.
 
-    Returns the median ms of the timed calls and the seconds they took together.
+    Returns the median ms of the timed calls and the seconds they took together; each timed
+    call's ms is appended to ``into`` as well.
     """
     if not slow:
         fn(feed)
@@ -185,4 +192,17 @@ def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int,
         t0 = time.perf_counter()
         fn(feed)
         ts.append((time.perf_counter() - t0) * 1e3)
+    if into is not None:
+        into.extend(ts)
     return statistics.median(ts), sum(ts) / 1e3
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (linear between closest ranks; 0 when empty)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
