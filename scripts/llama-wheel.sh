@@ -7,14 +7,20 @@
 #   LLAMA_CMAKE_ARGS    cmake flags (default portable: -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF)
 #   EDGEPILOT_WHEELHOUSE  where wheels are kept (default ~/.cache/edgepilot/wheelhouse)
 # On a board, build native for speed:  LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" scripts/llama-wheel.sh
+# --cached: print the wheel's path if it is built already, else exit 1 (builds nothing).
 set -euo pipefail
+cached_only=0; [ "${1:-}" = "--cached" ] && cached_only=1
 version="${LLAMA_CPP_VERSION:-0.3.36}"
 flags="${LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF}"
 python="${PYTHON:-python3}"
 key=$(printf '%s|%s|%s|%s' "$version" "$flags" "$(uname -m)" "$("$python" -c 'import sys;print(sys.implementation.cache_tag)')" | sha256sum | cut -c1-16)
 house="${EDGEPILOT_WHEELHOUSE:-$HOME/.cache/edgepilot/wheelhouse}/llama-cpp-python-$version-$key"
-mkdir -p "$house"
 wheel=$(ls "$house"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
+if [ "$cached_only" = 1 ]; then
+  [ -n "$wheel" ] && printf '%s\n' "$wheel"
+  [ -n "$wheel" ]; exit
+fi
+mkdir -p "$house"
 if [ -z "$wheel" ]; then
   echo "building llama-cpp-python $version with CMAKE_ARGS='$flags' (several minutes, once) -> $house" >&2
   tmp=$(mktemp -d)
