@@ -13,7 +13,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from edgepilot.errors import ConfigError
 
@@ -82,6 +89,35 @@ class DvfsSection(Section):
         30.0, ge=0, le=3600,
         description="Least time on a thermal fallback profile before returning to the one it "
         "replaced, so a board that cools fast does not flap between them.")
+    slo_ms: float | None = Field(
+        None, gt=0, le=3_600_000,
+        description="Latency goal (p95, ms) for slo_model: at start the daemon applies the "
+        "lowest-energy profile whose measured p95 meets it (measurements cached in the state "
+        "dir), and re-picks a cooler one after a thermal fallback. Set with slo_model.")
+    slo_model: str | None = Field(
+        None, min_length=1, max_length=128,
+        description="The ONNX/TFLite model (a name the daemon serves) slo_ms is about.")
+    power_cap_w: float | None = Field(
+        None, gt=0, le=10_000,
+        description="Board power cap (W): while telemetry reads more, the biggest consumers' "
+        "max clocks step down one table step per sample; they come back with hysteresis. "
+        "Restored on stop like any profile write.")
+    power_cap_hysteresis_w: float = Field(
+        0.5, ge=0, le=1000,
+        description="How far under power_cap_w the board must stay (and stay after a step "
+        "up, from what that step saved) before a capped clock is raised again.")
+
+    @model_validator(mode="after")
+    def _slo_pair(self) -> DvfsSection:
+        if (self.slo_ms is None) != (self.slo_model is None):
+            given, missing = ("slo_ms", "slo_model") if self.slo_model is None \
+                else ("slo_model", "slo_ms")
+            raise ValueError(f"dvfs.{given} is set but dvfs.{missing} is not; set both "
+                             "(slo_model: the model whose p95 latency slo_ms bounds) or neither")
+        if self.slo_ms is not None and self.profile is not None:
+            raise ValueError(f"dvfs.profile = {self.profile!r} and dvfs.slo_ms both choose the "
+                             "profile applied at start; allowed: one of them")
+        return self
 
 
 class TelemetrySection(Section):

@@ -45,6 +45,8 @@ CAPABILITIES: list[str] = [
     "edgepilot.dispatch.service",
     "edgepilot.telemetry.service",
     "edgepilot.mqtt.service",
+    # SLO pick and power cap: read telemetry, publish events, stop before DVFS restores
+    "edgepilot.dvfs.energy",
 ]
 
 

@@ -123,7 +123,7 @@ class ReactiveBoard:
 
     def __init__(self, root: Path, model: BoardModel | None = None,
                  period_s: float = 0.01) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self.model = model or BoardModel()
         self.period_s = period_s
         self._originals: dict[Path, bytes] = {}
@@ -266,6 +266,10 @@ class ReactiveBoard:
         assert hw is not None
         n = self._rails()["VDD_IN"]
         return (_int(hw / f"in{n}_input") or 0) * (_int(hw / f"curr{n}_input") or 0) / 1e6
+
+    def outputs(self) -> set[str]:
+        """Board paths (``/sys/...``) of the files this has rewritten so far."""
+        return {"/" + str(p.relative_to(self.root)) for p in self._originals}
 
     # ---- thread ------------------------------------------------------------------------------
     def start(self) -> ReactiveBoard:

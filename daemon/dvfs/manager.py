@@ -18,6 +18,7 @@ from typing import Any
 
 from edgepilot.board import Board
 from edgepilot.dvfs import journal as jr
+from edgepilot.dvfs.caps import LimitCaps
 from edgepilot.dvfs.profiles import Profile, ProfileStore
 from edgepilot.dvfs.resolve import Plan, build_plan, limit_order, target_steps
 from edgepilot.dvfs.thermal import validate_limits
@@ -58,6 +59,13 @@ class ProfileManager:
         self.set_tools(nvpmodel, jetson_clocks)
         # set by the daemon's DVFS service: () -> the thermal guard's state, for status()
         self.thermal_state: Callable[[], dict[str, Any]] | None = None
+        # caps on max frequencies over any profile (the power cap's), see edgepilot.dvfs.caps
+        self.caps = LimitCaps(board)
+        # energy policies' state for status() and summary(): name -> () -> plain data
+        self.reporters: dict[str, Callable[[], dict[str, Any]]] = {}
+        # set by the SLO picker: (hot profile, its configured fallback, profiles on the guard's
+        # stack) -> the profile the thermal guard applies instead (None: the configured one)
+        self.fallback_chooser: Callable[[str, str | None, list[str]], str | None] | None = None
         try:
             current = jr.load(self.state_dir)
         except BoardError as exc:
@@ -84,7 +92,11 @@ class ProfileManager:
         """Cheap (no board reads): active profile, vendor tools, thermal guard; for the
         daemon's ``status``."""
         return {"active": self.active_name, "tools": self.tools_report(),
-                "thermal": self.thermal_state() if self.thermal_state is not None else None}
+                "thermal": self.thermal_state() if self.thermal_state is not None else None,
+                **self._reports()}
+
+    def _reports(self) -> dict[str, Any]:
+        return {name: fn() for name, fn in self.reporters.items()}
 
     def profiles(self) -> dict[str, Profile]:
         return self.store.for_board(self.board.identity)
@@ -146,6 +158,8 @@ class ProfileManager:
             "devfreq": sample.devfreq,
             "tools": self.tools_report(),
             "thermal": thermal,
+            "caps": self.caps.state(),
+            **self._reports(),
         }
 
     def tools_report(self) -> dict[str, dict[str, Any]]:
@@ -195,6 +209,7 @@ class ProfileManager:
             for path, text in before.items():
                 journal.original.setdefault(path, text)
             ran_nvpmodel = ran_store = ran_unlock = False
+            caps_before = self.caps.memento()
             try:
                 if journal.jetson_clocks_locked and not plan.jetson_clocks \
                         and journal.jetson_clocks_store:
@@ -226,8 +241,10 @@ class ProfileManager:
                     journal.original.setdefault(path, before.get(path, text))
                 jr.save(self.state_dir, journal)
                 written = self._write_plan(plan, journal.original)
+                written += self.caps.enforce()  # a cap in force stays on top of the profile
             except EdgepilotError as exc:
                 self._rollback(before, journal, previous, ran_nvpmodel, ran_store, ran_unlock)
+                self.caps.put_back(caps_before)
                 self.events.emit("profile.failed", profile=name, message=exc.message,
                                  field=exc.field)
                 raise ProfileError(f"applying profile {name!r} failed and every change was "
@@ -329,6 +346,7 @@ class ProfileManager:
             journal = self._journal()
             if journal is None:
                 self.active_name = None
+                self.caps.clear()
                 return {"restored": False, "reason": "nothing to restore", "conflicts": []}
             conflicts: Writes = []
             restore_set = set(journal.original)
@@ -361,10 +379,42 @@ class ProfileManager:
                                    + "; ".join(errors))
             jr.remove(self.state_dir)
             self.active_name = None
+            self.caps.clear()
             self.events.emit("profile.restored", profile=journal.profile, reason=reason,
                              conflicts=len(conflicts))
             return {"restored": True, "profile": journal.profile, "reason": reason,
                     "conflicts": conflicts}
+
+    # ---- caps --------------------------------------------------------------------------------
+    def set_cap(self, directory: Path, cap: int | None) -> Writes:
+        """Cap the max frequency of one cpufreq policy or devfreq device directory at ``cap``
+        (kHz / Hz; None lifts it), over whatever profile is active, as a transaction: the
+        original texts are journaled first (stop and crash recovery restore them), a refused
+        write puts back everything of this call. Raises ProfileError naming the file."""
+        with self._lock, jr.locked(self.state_dir):
+            previous = self._journal()
+            journal = previous or jr.Journal(str(self.board.root), self.active_name)
+            before = self._snapshot()
+            for path, text in before.items():
+                journal.original.setdefault(path, text)
+            completed, journal.applied = journal.applied, None   # in flight
+            jr.save(self.state_dir, journal)
+            try:
+                written = self.caps.set(directory, cap)
+            except EdgepilotError as exc:
+                errors = self._put_back(before, only=None)
+                if errors:
+                    log.error("rollback of a cap incomplete: %s", "; ".join(errors))
+                if previous is None:
+                    jr.remove(self.state_dir)
+                else:
+                    journal.applied = completed
+                    jr.save(self.state_dir, journal)
+                raise ProfileError(f"capping {self.board.fs.rel(directory)} at {cap} failed "
+                                   f"and was undone: {exc.message}", field=exc.field) from None
+            journal.applied = self._snapshot()
+            jr.save(self.state_dir, journal)
+            return written
 
     def _journal(self) -> jr.Journal | None:
         """The journal, refused when it was written for another sysfs root: its originals

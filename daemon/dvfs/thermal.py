@@ -5,7 +5,9 @@
 :class:`ThermalGuard` makes those decisions on the telemetry sampler's readings (it never reads
 the board itself) and applies profiles through the ProfileManager, so every move is a
 transaction and is undone by the same journal on stop. Fallbacks chain (a fallback may have its
-own limits and fallback); returns go back one step at a time.
+own limits and fallback); returns go back one step at a time. With ``[dvfs] slo_ms`` set, the
+SLO picker may name a cooler profile that still meets the SLO instead of the configured
+fallback (``manager.fallback_chooser``, see edgepilot.dvfs.slo).
 
 Flapping: a fallback happens on the first hot sample (safety first); a return needs the zones
 cooled by the hysteresis *and* ``[dvfs] thermal_dwell_s`` spent on the fallback, so the board
@@ -162,6 +164,12 @@ class ThermalGuard:
         target = lim.fallback
         fields: dict[str, Any] = {"zone": zone, "temp_c": temp, "threshold_c": lim.max_c,
                                   "state": "hot", "profile": top.profile}
+        chooser = self.manager.fallback_chooser  # the SLO picker's re-pick, when configured
+        if chooser is not None and top.profile not in self._quiet and now >= self._retry_at:
+            picked = chooser(top.profile, lim.fallback, [lv.profile for lv in self._stack])
+            if picked is not None and picked != lim.fallback:
+                target = picked
+                fields["chosen_by"] = "slo"
         if target is None or any(lv.profile == target for lv in self._stack):
             if top.profile not in self._quiet:  # once per hot spell, not every sample
                 self._quiet.add(top.profile)

@@ -1,0 +1,221 @@
+"""The SLO pick: ``[dvfs] slo_ms`` + ``slo_model`` choose the DVFS profile from measurements.
+
+At start the daemon measures ``slo_model`` under every profile valid on this board, as
+``edgepilot sweep`` does (apply, plan for those clocks, time the plan with p50/p95 while
+sampling board power, restore), and applies the lowest-energy profile whose p95 latency meets
+``slo_ms`` (:func:`edgepilot.dvfs.pareto.slo_pick`). When none meets it, the fastest (lowest
+p95) is applied as the best effort and the ``slo.pick`` event says ``met: false``.
+
+The measurements are cached in ``<state_dir>/slo/`` keyed by the board, the model file's
+sha256, every runtime's version, edgepilot's version and the candidate profiles' definitions:
+a restart on the same board with the same model picks again in milliseconds; anything that
+changes the numbers re-measures.
+
+After a thermal fallback away from a profile, the guard asks :meth:`SloPicker.choose_fallback`
+first: among the profiles that measured *less power* than the hot one (cooler) and are not
+already on the guard's stack, the lowest-energy one that meets the SLO replaces the profile's
+configured fallback; when none does, the configured fallback stands (safety first). The guard
+returns to the picked profile once the zones have cooled, as with any fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgepilot import __version__
+from edgepilot.dvfs.pareto import slo_pick
+from edgepilot.errors import ConfigError, EdgepilotError
+
+if TYPE_CHECKING:
+    from edgepilot.config import Config
+    from edgepilot.lifecycle import Daemon
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+# the bench's fewest rounds and timed seconds per profile (the CLI's defaults)
+RUNS = 30
+BUDGET_S = 0.3
+TENSOR_SUFFIXES = (".onnx", ".tflite")
+
+
+def check_model(daemon: Daemon, config: Config) -> Path | None:
+    """The slo_model's file, refused when the model is unknown or not a tensor model."""
+    name = config.dvfs.slo_model
+    if name is None:
+        return None
+    try:
+        _, path, _ = daemon.dispatcher.resolve(name)
+    except EdgepilotError as exc:
+        raise ConfigError(f"[dvfs] slo_model: {exc.message}", field="dvfs.slo_model") from None
+    if path.suffix.lower() not in TENSOR_SUFFIXES:
+        raise ConfigError(f"[dvfs] slo_model {name!r} is a {path.suffix or 'suffix-less'} file; "
+                          "allowed: an ONNX or TFLite model (GGUF latency depends on the "
+                          "prompt: use `edgepilot plan` per profile)", field="dvfs.slo_model")
+    return Path(path)
+
+
+class SloPicker:
+    """Measures (or loads), picks and re-picks; its state is plain data (:meth:`status`)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.rows: list[dict[str, Any]] | None = None
+        self.pick: str | None = None
+        self.met: bool | None = None
+        self.source: str | None = None       # "measured" or "cache"
+        self.state = "off"
+        self.reason: str | None = None
+        self.last_repick: dict[str, Any] | None = None
+        # planning/bench progress of the measurement; may raise to cancel it (daemon stopping)
+        self.progress: Callable[[int, int, str], None] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def slo_ms(self) -> float | None:
+        return self.daemon.config.dvfs.slo_ms  # type: ignore[no-any-return]
+
+    # ---- measuring --------------------------------------------------------------------------
+    def cache_path(self, model: str, key: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)[:64]
+        return Path(self.daemon.state_dir) / "slo" / f"{safe}-{key}.json"
+
+    def _key(self, path: Path, names: list[str]) -> str:
+        from edgepilot.dispatch.plan_cache import cache_key
+        from edgepilot.dispatch.targets import board_id, runtime_versions
+        from edgepilot.models.files import sha256_of
+
+        manager = self.daemon.profiles
+        profiles = manager.profiles()
+        return cache_key({
+            "what": "slo-measurements", "board": board_id(manager.board),
+            "model_sha256": sha256_of(path),
+            "runtimes": runtime_versions(self.daemon.dispatcher.backends),
+            "edgepilot": __version__, "runs": RUNS, "budget_s": BUDGET_S,
+            "profiles": {n: profiles[n].as_dict() for n in names}})
+
+    def measure_or_load(self) -> list[dict[str, Any]]:
+        """Blocking: the cached measurements of this board/model/runtimes, else measured now
+        (every valid profile in turn, the board restored after each) and cached."""
+        from edgepilot.dispatch.plan_cache import read_keyed, write_atomic
+        from edgepilot.sweep import measure_profiles
+
+        config = self.daemon.config
+        model = config.dvfs.slo_model
+        path = check_model(self.daemon, config)
+        assert model is not None and path is not None
+        manager = self.daemon.profiles
+        names = [p["name"] for p in manager.list() if p.get("valid")]
+        if not names:
+            raise ConfigError("[dvfs] slo_ms: no DVFS profile is valid on this board (see "
+                              "`edgepilot profile list`)", field="dvfs.slo_ms")
+        key = self._key(path, names)
+        cached = read_keyed(self.cache_path(model, key), key, FORMAT, "SLO measurements")
+        if cached is not None and isinstance(cached.get("rows"), list):
+            self.source = "cache"
+            return list(cached["rows"])
+        rows = measure_profiles(
+            config, manager.board, manager, model, names, RUNS, BUDGET_S, None,
+            backends=self.daemon.dispatcher.backends, reason="slo-measure",
+            progress=self.progress,
+            hold=self.daemon.models.hold_devices if self.daemon.models is not None else None,
+            each=lambda: manager.lock)
+        if any(r["ok"] for r in rows):
+            write_atomic(self.cache_path(model, key),
+                         {"format": FORMAT, "key": key, "model": model, "rows": rows,
+                          "measured_at": round(time.time(), 3)})
+        self.source = "measured"
+        return rows
+
+    # ---- picking ----------------------------------------------------------------------------
+    def choose(self, rows: list[dict[str, Any]]) -> tuple[str, bool, str | None]:
+        """(profile, whether it meets the SLO, why not): the SLO pick, else the fastest."""
+        slo = self.slo_ms
+        assert slo is not None
+        pick = slo_pick(rows, slo)
+        if pick.profile is not None:
+            return pick.profile, True, None
+        timed = [r for r in rows if r.get("ok") and r.get("p95_ms") is not None]
+        if not timed:
+            raise ConfigError(f"[dvfs] slo_model: no profile could be measured: "
+                              f"{'; '.join(r.get('reason', '?') for r in rows)}",
+                              field="dvfs.slo_model")
+        fastest = min(timed, key=lambda r: (r["p95_ms"], r["profile"]))
+        return fastest["profile"], False, pick.reason
+
+    def pick_and_apply(self) -> dict[str, Any]:
+        """Blocking: measure or load, pick, apply (reason ``slo``); returns the ``slo.pick``
+        event's fields."""
+        self.state = "measuring"
+        rows = self.measure_or_load()
+        name, met, why = self.choose(rows)
+        row = next(r for r in rows if r["profile"] == name)
+        self.daemon.profiles.apply(name, reason="slo")
+        with self._lock:
+            self.rows, self.pick, self.met, self.reason = rows, name, met, why
+            self.state = "picked"
+        fields = {"profile": name, "met": met, "slo_ms": self.slo_ms,
+                  "model": self.daemon.config.dvfs.slo_model, "p95_ms": row.get("p95_ms"),
+                  "p50_ms": row.get("median_ms"), "power_w": row.get("power_w"),
+                  "energy_mj_per_inference": row.get("energy_mj_per_inference"),
+                  "source": self.source, "cause": "start"}
+        if why is not None:
+            fields["reason"] = f"{why}; applied the fastest as the best effort"
+        self.daemon.events.emit("slo.pick", **fields)
+        return fields
+
+    def choose_fallback(self, hot: str, configured: str | None, taken: list[str]) -> str | None:
+        """The guard's question after ``hot`` ran too hot (called under the DVFS lock): the
+        profile to apply instead of ``configured``, or None to keep the configured one."""
+        slo = self.slo_ms
+        with self._lock:
+            rows = self.rows
+        if slo is None or rows is None:
+            return None
+        hot_row = next((r for r in rows if r["profile"] == hot and r.get("ok")), None)
+        if hot_row is None or hot_row.get("power_w") is None:
+            return None   # not a profile we measured: its own fallback applies
+        pick = slo_pick(rows, slo, exclude={hot, *taken}, below_power_w=hot_row["power_w"])
+        fields: dict[str, Any] = {"hot": hot, "configured_fallback": configured,
+                                  "slo_ms": slo, "cause": "thermal"}
+        if pick.profile is None:
+            fields.update(profile=None, reason=f"{pick.reason}; the configured fallback "
+                          f"{configured or '(none)'} stands")
+        else:
+            row = next(r for r in rows if r["profile"] == pick.profile)
+            fields.update(profile=pick.profile, met=True, p95_ms=row.get("p95_ms"),
+                          power_w=row.get("power_w"),
+                          energy_mj_per_inference=row.get("energy_mj_per_inference"))
+        with self._lock:
+            self.last_repick = dict(fields)
+        self.daemon.events.emit("slo.pick", **fields)
+        return pick.profile
+
+    def fail(self, message: str) -> None:
+        with self._lock:
+            self.state, self.reason = "failed", message
+
+    def forget(self) -> None:
+        """The SLO was removed from the config: no pick, no re-picks."""
+        with self._lock:
+            self.rows = self.pick = self.met = self.reason = self.source = None
+            self.last_repick = None
+            self.state = "off"
+
+    # ---- reporting ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Plain data for ``status`` and ``GET /v1/profile`` (``slo``)."""
+        cfg = self.daemon.config.dvfs
+        with self._lock:
+            return {"slo_ms": cfg.slo_ms, "model": cfg.slo_model, "state": self.state,
+                    "pick": self.pick, "met": self.met, "reason": self.reason,
+                    "source": self.source, "last_repick": self.last_repick,
+                    "measurements": [
+                        {k: r.get(k) for k in ("profile", "ok", "median_ms", "p95_ms",
+                                               "power_w", "energy_mj_per_inference", "reason")}
+                        for r in self.rows or []]}
