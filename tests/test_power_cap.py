@@ -6,6 +6,9 @@ every step on MQTT and in telemetry, and leaves the tree byte-identical on stop.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,29 @@ def test_steps_down_one_table_step_until_under_the_cap_then_back_up_with_hystere
     assert fake.files() == before
 
 
+def test_a_cap_under_the_static_draw_takes_every_clock_to_its_floor_and_says_so_once(
+        fake_board, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fake = fake_board("orin")
+    before = fake.files()
+    board = ReactiveBoard(fake.root, BoardModel())
+    events = EventBus(history=1000)
+    mgr = ProfileManager(Board(fake.root), ProfileStore(), tmp_path / "state", events)
+    cap = PowerCap(mgr, events, lambda: 1.0, lambda: 0.5)  # static draw alone is ~3.3 W
+    for _ in range(len(CPU_TABLE) * 2 + len(GPU_TABLE) + 5):
+        board.update()
+        cap.check(board.power_w())
+    saturated = [e for e in events.recent() if e["type"] == "power_cap.saturated"]
+    assert len(saturated) == 1 and saturated[0]["cap_w"] == 1.0
+    assert max_files(fake) == {"policy0": CPU_TABLE[0], "policy4": CPU_TABLE[0],
+                               "17000000.gpu": GPU_TABLE[0]}
+    # the mins came down with the maxes where they had to (the kernel's min <= max)
+    assert int(fake.read(f"{POL.format(0)}/scaling_min_freq")) <= CPU_TABLE[0]
+    assert cap.status()["state"] == "saturated"
+    mgr.restore("stop")
+    board.close()
+    assert fake.files() == before
+
+
 def test_a_profile_applied_under_a_cap_stays_under_it_and_lifting_gives_its_clocks_back(
         fake_board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     fake = fake_board("orin")
@@ -155,6 +181,34 @@ host = "{brk.host}"
 port = {brk.port}
 device_id = "cap"
 """
+
+
+def test_a_daemon_killed_while_capping_leaves_a_journal_the_cli_restores(
+        tmp_path: Path, broker: Broker) -> None:
+    fake = build_tree(tmp_path / "root", "orin")
+    before = fake.files()
+    board = ReactiveBoard(fake.root, BoardModel()).start()
+    work = tmp_path / "d"
+    work.mkdir()
+    d = DaemonProcess(work, daemon_config(broker, fake.root))
+    try:
+        d.start()
+        wait_for(lambda: max_files(fake)["17000000.gpu"] < 918000000
+                 and max_files(fake)["policy0"] < 1984000, timeout=120, what="caps written")
+        d.stop(signal.SIGKILL)
+        assert fake.files() != before
+        restore = subprocess.run(
+            [sys.executable, "-m", "edgepilot", "--sysfs-root", str(fake.root), "--state-dir",
+             str(d.state_dir), "profile", "restore", "--json"],
+            capture_output=True, text=True, timeout=120)
+        assert restore.returncode == 0, restore.stderr
+        assert json.loads(restore.stdout)["restored"] is True
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        board.close()
+        fake.close()
+    assert fake.files() == before
 
 
 def test_daemon_steps_clocks_down_under_the_cap_reports_each_step_and_restores_on_stop(

@@ -195,13 +195,18 @@ def test_slo_keys_come_as_a_pair_and_never_with_a_fixed_profile() -> None:
         (20, "m", 7.5, 0.5)
 
 
-def test_an_unknown_slo_model_stops_the_start_naming_the_key_and_the_models(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize(("slo_model", "message"), [
+    ("nope", "[dvfs] slo_model: unknown model 'nope'; available: chat, m"),
+    ("chat", "[dvfs] slo_model 'chat' is a .gguf file; allowed: an ONNX or TFLite model"),
+])
+def test_an_unknown_or_gguf_slo_model_stops_the_start_naming_the_key(
+        tmp_path: Path, slo_model: str, message: str) -> None:
     fake = build_tree(tmp_path / "root", "rpi5")
     models = tmp_path / "models"
     models.mkdir()
     mlp_stack(models / "m.onnx", widths=(8, 8))
-    d = DaemonProcess(tmp_path, config(fake.root, models, slo_model="nope"))
+    (models / "chat.gguf").write_bytes(b"GGUF")  # never loaded: refused by its kind first
+    d = DaemonProcess(tmp_path, config(fake.root, models, slo_model=slo_model))
     try:
         d.start(wait_healthy=False)
         assert d.proc is not None
@@ -211,5 +216,5 @@ def test_an_unknown_slo_model_stops_the_start_naming_the_key_and_the_models(
             d.stop()
         fake.close()
     out = d.output()
-    assert "[dvfs] slo_model: unknown model 'nope'; available: m" in out, out[-3000:]
+    assert message in out, out[-3000:]
     assert os.path.exists(d.state_dir) and not (d.state_dir / "dvfs-journal.json").exists()

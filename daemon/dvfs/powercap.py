@@ -150,10 +150,11 @@ class PowerCap:
         """Online cpufreq policies and GPU/NPU devfreq devices with a frequency table."""
         out = []
         board = self.manager.board
+        cpus = board.cpus_online()
         for pol in board.policies():
             if not pol.online or not pol.frequencies or pol.max_khz is None:
                 continue
-            online = sum(1 for c in pol.cpus if board.cpus_online().get(c, True)) or 1
+            online = sum(1 for c in pol.cpus if cpus.get(c, True)) or 1
             out.append(_candidate(pol.name, pol.path, pol.frequencies, pol.max_khz,
                                   pol.cur_khz, float(online)))
         for dev in board.devfreq():
