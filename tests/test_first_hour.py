@@ -169,3 +169,14 @@ def test_make_run_port_args_and_the_shared_default_state_dir(tmp_path: Path) -> 
     text = (tmp_path / "make-run.log").read_text()
     assert " DEBUG " in text  # ARGS reached `edgepilot run`
     assert f"serving on http://127.0.0.1:{port}" in text
+
+
+def test_cli_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
+    # `.venv/bin/edgepilot ... | head`: the reader is gone before the CLI prints
+    proc = subprocess.Popen([str(EDGEPILOT), "--state-dir", str(tmp_path), "profile", "list",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""  # no BrokenPipeError traceback
