@@ -144,6 +144,33 @@ def test_daemon_picks_what_the_board_model_says_caches_it_and_re_picks_after_a_f
     assert fake.files() == before
 
 
+def test_a_stop_while_measuring_puts_the_board_back_and_caches_nothing(tmp_path: Path) -> None:
+    fake = build_tree(tmp_path / "root", "orin")
+    before = fake.files()
+    board = ReactiveBoard(fake.root, BoardModel()).start()
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "m.onnx", widths=(32, 64, 32))
+    (tmp_path / "d").mkdir()
+    d = DaemonProcess(tmp_path / "d", config(fake.root, models),
+                      env={"EDGEPILOT_FAKE_ROOT": str(fake.root)})
+    try:
+        d.start()
+        wait_for(lambda: "measuring DVFS profiles" in json.dumps(d.request("GET", "/readyz")),
+                 timeout=120, what="/readyz saying it measures")
+        assert d.request("GET", "/readyz")[0] == 503
+        wait_for(lambda: profile(d)["active"] is not None, timeout=120,
+                 what="a profile applied for measuring")
+        assert d.stop() == 0
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        board.close()
+        fake.close()
+    assert fake.files() == before
+    assert not list((d.state_dir / "slo").glob("*.json"))
+
+
 def test_the_guard_applies_the_re_pick_or_else_the_configured_fallback(
         fake_board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     fake = fake_board("orin")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from edgepilot.config import Config
 from edgepilot.dvfs.powercap import PowerCap
 from edgepilot.dvfs.slo import SloPicker, check_model
-from edgepilot.errors import EdgepilotError, PlanError
+from edgepilot.errors import EdgepilotError
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
@@ -69,13 +69,8 @@ class EnergyService:
         self.daemon.set_ready("slo", f"measuring DVFS profiles for [dvfs] slo_model {model}")
         self._slo_task = asyncio.create_task(self._pick(), name="slo-pick")
 
-    def _progress(self, done: int, total: int, what: str) -> None:
-        if self._stopping.is_set():
-            raise PlanError("SLO measurement cancelled: the daemon is stopping")
-
     async def _pick(self) -> None:
         try:
-            self.slo.progress = self._progress
             await self.daemon.run_blocking(self.slo.pick_and_apply)
             self.daemon.set_ready("slo", None)
         except RuntimeError as exc:  # the executor is shut down with the daemon
@@ -91,6 +86,7 @@ class EnergyService:
 
     async def stop(self) -> None:
         self._stopping.set()
+        self.slo.cancel()
         for task in (self._slo_task, self._watch_task):
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError):

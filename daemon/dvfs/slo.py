@@ -20,16 +20,17 @@ returns to the picked profile once the zones have cooled, as with any fallback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgepilot import __version__
 from edgepilot.dvfs.pareto import slo_pick
-from edgepilot.errors import ConfigError, EdgepilotError
+from edgepilot.errors import ConfigError, EdgepilotError, PlanError
 
 if TYPE_CHECKING:
     from edgepilot.config import Config
@@ -72,8 +73,8 @@ class SloPicker:
         self.state = "off"
         self.reason: str | None = None
         self.last_repick: dict[str, Any] | None = None
-        # planning/bench progress of the measurement; may raise to cancel it (daemon stopping)
-        self.progress: Callable[[int, int, str], None] | None = None
+        # set by cancel() (the daemon is stopping): the measurement stops at its next step
+        self.cancelled = False
         self._lock = threading.Lock()
 
     @property
@@ -122,15 +123,33 @@ class SloPicker:
         rows = measure_profiles(
             config, manager.board, manager, model, names, RUNS, BUDGET_S, None,
             backends=self.daemon.dispatcher.backends, reason="slo-measure",
-            progress=self.progress,
+            progress=self._progress,
             hold=self.daemon.models.hold_devices if self.daemon.models is not None else None,
-            each=lambda: manager.lock)
+            each=self._each_profile)
+        if self.cancelled:  # rows cut short by the stop must not be cached as measurements
+            raise PlanError("SLO measurement cancelled: the daemon is stopping")
         if any(r["ok"] for r in rows):
             write_atomic(self.cache_path(model, key),
                          {"format": FORMAT, "key": key, "model": model, "rows": rows,
                           "measured_at": round(time.time(), 3)})
         self.source = "measured"
         return rows
+
+    @contextlib.contextmanager
+    def _each_profile(self) -> Iterator[None]:
+        """Around one profile's apply, measurement and restore: the DVFS lock (no thermal or
+        power-cap move in between); a cancelled measurement goes no further."""
+        self._progress(0, 0, "")
+        with self.daemon.profiles.lock:
+            yield
+
+    def _progress(self, done: int, total: int, what: str) -> None:
+        if self.cancelled:
+            raise PlanError("SLO measurement cancelled: the daemon is stopping")
+
+    def cancel(self) -> None:
+        """Stop a measurement under way at its next step (nothing is cached or applied)."""
+        self.cancelled = True
 
     # ---- picking ----------------------------------------------------------------------------
     def choose(self, rows: list[dict[str, Any]]) -> tuple[str, bool, str | None]:
