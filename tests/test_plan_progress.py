@@ -125,14 +125,15 @@ def test_progress_is_recorded_per_model_and_signature(tmp_path: Path) -> None:
     assert calls[-1][0] == calls[-1][1]
 
 
-def run_plan(tmp: Path, env: dict[str, str]) -> tuple[int, str, str]:
-    """``edgepilot plan mlp``: (exit code, stdout, stderr), carriage returns kept."""
+def run_plan(tmp: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """``edgepilot plan mlp`` (or ``args``): (exit code, stdout, stderr), carriage returns
+    kept."""
     models = model_dir(tmp)
     cfg = tmp / "edgepilot.toml"
     cfg.write_text(CONFIG)
     res = subprocess.run(
         [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir",
-         str(tmp / "st"), "--model-dir", str(models), "plan", "mlp"],
+         str(tmp / "st"), "--model-dir", str(models), *(args or ("plan", "mlp"))],
         capture_output=True, timeout=240, check=False, env={**os.environ, **env})
     return res.returncode, res.stdout.decode(), res.stderr.decode()
 
@@ -149,4 +150,14 @@ def test_cli_plan_draws_its_bar_on_a_terminal_only(tmp_path: Path) -> None:
     rc, out, err = run_plan(tmp_path / "b", {"EDGEPILOT_PROGRESS": ""})
     assert rc == 0, err
     assert "\r" not in err and "#" * 30 not in err
+    assert out.startswith("model mlp")
+
+
+def test_cli_bench_shows_its_rounds(tmp_path: Path) -> None:
+    rc, out, err = run_plan(tmp_path, {"EDGEPILOT_PROGRESS": "1"}, "bench", "mlp", "--runs", "3",
+                            "--budget-s", "0")
+    assert rc == 0, err
+    rounds = [seg for seg in err.split("\r") if "bench round" in seg]
+    assert [int(re.search(r"\] (\d+)/", seg).group(1)) for seg in rounds] == [1, 2, 3]  # type: ignore[union-attr]
+    assert re.search(r"\[#{30}\] 3/3 bench: 3 rounds", err), err[-300:]
     assert out.startswith("model mlp")

@@ -61,12 +61,15 @@ def raw_runner(md: ModelDispatch) -> Runner:
         return run_onnx
     from ai_edge_litert.interpreter import Interpreter
 
-    interp = Interpreter(model_path=str(path))
-    for d in interp.get_input_details():
-        shape = (md.shapes or {}).get(d["name"])
-        if shape is not None and tuple(shape) != tuple(int(x) for x in d["shape"]):
-            interp.resize_tensor_input(d["index"], list(shape), strict=False)
-    interp.allocate_tensors()
+    from edgepilot.backends.tflite import first_xnnpack
+
+    with first_xnnpack():
+        interp = Interpreter(model_path=str(path))
+        for d in interp.get_input_details():
+            shape = (md.shapes or {}).get(d["name"])
+            if shape is not None and tuple(shape) != tuple(int(x) for x in d["shape"]):
+                interp.resize_tensor_input(d["index"], list(shape), strict=False)
+        interp.allocate_tensors()
     ins = {d["name"]: d["index"] for d in interp.get_input_details()}
     outs = {d["name"]: d["index"] for d in interp.get_output_details()}
 
@@ -134,6 +137,11 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
                                name in slow, calls_ms[name])
             times[name].append(ms)
             timed_s[name] += spent
+        if md.progress:  # the CLI's bar: rounds go on past ``runs`` until every budget is met
+            md.progress(rounds, max(runs, rounds + 1),
+                        f"bench round {rounds}: {len(runners)} variants side by side")
+    if md.progress:
+        md.progress(rounds, rounds, f"bench: {rounds} rounds")
     med = {name: statistics.median(ts) for name, ts in times.items()}
     tol = md.opts.tolerance
     p95 = {name: round(percentile(ts, 95), 4) for name, ts in calls_ms.items()}
