@@ -245,3 +245,29 @@ def test_an_unknown_or_gguf_slo_model_stops_the_start_naming_the_key(
     out = d.output()
     assert message in out, out[-3000:]
     assert os.path.exists(d.state_dir) and not (d.state_dir / "dvfs-journal.json").exists()
+
+
+def test_the_daemon_picks_a_best_effort_when_the_plain_pick_is_impossible(
+        tmp_path: Path) -> None:
+    from edgepilot.dvfs.slo import SloPicker
+    from edgepilot.lifecycle import Daemon
+
+    daemon = Daemon(parse_config({"daemon": {"state_dir": str(tmp_path)},
+                                  "dvfs": {"slo_ms": 5, "slo_model": "m"}}))
+    picker = SloPicker(daemon)
+
+    def row(name: str, p95: float, watts: float | None) -> dict[str, Any]:
+        return {"profile": name, "ok": True, "median_ms": p95 / 2, "p95_ms": p95,
+                "power_w": watts, "energy_mj_per_inference": watts and watts * p95 / 2}
+
+    assert picker.choose([row("fast", 2, 10), row("slow", 4, 3), row("slower", 6, 1)]) == \
+        ("slow", True, None)
+    # no power sensor: the slowest profile that still meets 5 ms (the lowest clocks that do)
+    name, met, why = picker.choose([row("fast", 2, None), row("slow", 4, None),
+                                    row("slower", 6, None)])
+    assert (name, met) == ("slow", True) and "reports no power" in (why or "")
+    # nobody meets it: the fastest, and it says so
+    name, met, why = picker.choose([row("fast", 7, 10), row("slow", 9, 3)])
+    assert (name, met) == ("fast", False)
+    assert why == "no profile's p95 latency meets 5 ms; the fastest, fast, has p95 7 ms"
+    daemon.executor.shutdown()

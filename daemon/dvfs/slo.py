@@ -4,7 +4,9 @@ At start the daemon measures ``slo_model`` under every profile valid on this boa
 ``edgepilot sweep`` does (apply, plan for those clocks, time the plan with p50/p95 while
 sampling board power, restore), and applies the lowest-energy profile whose p95 latency meets
 ``slo_ms`` (:func:`edgepilot.dvfs.pareto.slo_pick`). When none meets it, the fastest (lowest
-p95) is applied as the best effort and the ``slo.pick`` event says ``met: false``.
+p95) is applied as the best effort and the ``slo.pick`` event says ``met: false``; on a board
+without a power sensor (energy unknown) the slowest profile that meets it is applied (the
+lowest clocks that do), with the reason.
 
 The measurements are cached in ``<state_dir>/slo/`` keyed by the board, the model file's
 sha256, every runtime's version, edgepilot's version and the candidate profiles' definitions:
@@ -153,13 +155,19 @@ class SloPicker:
 
     # ---- picking ----------------------------------------------------------------------------
     def choose(self, rows: list[dict[str, Any]]) -> tuple[str, bool, str | None]:
-        """(profile, whether it meets the SLO, why not): the SLO pick, else the fastest."""
+        """(profile, whether it meets the SLO, why the plain pick was not possible): the SLO
+        pick; without energies the slowest profile meeting it; else the fastest."""
         slo = self.slo_ms
         assert slo is not None
         pick = slo_pick(rows, slo)
         if pick.profile is not None:
             return pick.profile, True, None
         timed = [r for r in rows if r.get("ok") and r.get("p95_ms") is not None]
+        meeting = [r for r in timed if r["p95_ms"] <= slo]
+        if meeting:  # no power sensor: the slowest that meets it runs the lowest clocks
+            slowest = max(meeting, key=lambda r: (r["p95_ms"], r["profile"]))
+            return slowest["profile"], True, (f"{pick.reason}; applied the slowest profile "
+                                              "that meets it")
         if not timed:
             raise ConfigError(f"[dvfs] slo_model: no profile could be measured: "
                               f"{'; '.join(r.get('reason', '?') for r in rows)}",
@@ -184,7 +192,7 @@ class SloPicker:
                   "energy_mj_per_inference": row.get("energy_mj_per_inference"),
                   "source": self.source, "cause": "start"}
         if why is not None:
-            fields["reason"] = f"{why}; applied the fastest as the best effort"
+            fields["reason"] = why if met else f"{why}; applied the fastest as the best effort"
         self.daemon.events.emit("slo.pick", **fields)
         return fields
 
