@@ -214,6 +214,33 @@ def test_mqtt_telemetry_carries_model_energy_and_top_shows_the_broker(
         fake.close()
 
 
+def test_top_shows_the_power_cap_stepping_clocks_down(tmp_path: Path) -> None:
+    fake = build_tree(tmp_path / "root", "orin")
+    before = fake.files()
+    # the fake Orin draws 4.6 W whatever its clocks: a 2 W cap steps every clock down
+    d = DaemonProcess(tmp_path, "[mqtt]\nenabled = false\n[daemon]\ndemo_models = false\n"
+                                "[dvfs]\npower_cap_w = 2.0\n"
+                                "[telemetry]\nsample_interval_s = 0.1\npublish_interval_s = 0.5\n",
+                      extra_args=["--sysfs-root", str(fake.root)])
+    try:
+        d.start()
+        wait_for(lambda: (d.request("GET", "/v1/telemetry")[1].get("power_cap") or {}
+                          ).get("steps"), timeout=120, what="a power cap step")
+        out = top("--url", d.url, "--once")
+        assert out.returncode == 0, out.stderr
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("profile "))
+        cap = re.search(r"power cap 2\.0 W: (\w+), (\d+) steps? down \((.*)\)", line)
+        assert cap is not None, line
+        assert cap.group(1) in ("capping", "saturated") and int(cap.group(2)) >= 1
+        assert re.search(r"(policy\d|17000000\.gpu) \d+->\d+", cap.group(3)), line
+        assert d.stop() == 0
+        assert fake.files() == before  # the cap's steps are undone on stop
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
+        fake.close()
+
+
 # ---- top --once ------------------------------------------------------------------------------
 def parse_tables(text: str) -> dict[str, dict[str, dict[str, str]]]:
     """``top --once`` text -> {TITLE: {first cell: {column: cell}}} (cells are separated by

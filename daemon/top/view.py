@@ -101,13 +101,29 @@ def profile_line(snap: Snapshot) -> str:
     if _num(limits.get("max_c")) is not None:
         zones = ",".join(limits.get("zones") or []) or "all zones"
         parts.append(f"limit {fmt(limits['max_c'], 1)} C on {zones}")
-    cap = prof.get("power_cap") or dvfs.get("power_cap")
-    if isinstance(cap, Mapping) and cap:
-        parts.append("power cap " + " ".join(f"{k}={v}" for k, v in cap.items()
-                                             if not isinstance(v, (Mapping, list))))
+    cap = power_cap_text(snap)
+    if cap:
+        parts.append(cap)
     if "/v1/profile" in snap.errors:
         parts.append(f"(profile status: {snap.errors['/v1/profile']})")
     return " | ".join(parts)
+
+
+def power_cap_text(snap: Snapshot) -> str:
+    """``[dvfs] power_cap_w`` at work: the cap, its state, the clocks stepped down and the last
+    step (empty when no cap is configured)."""
+    cap = _mapping(snap.telemetry.get("power_cap") or snap.profile.get("power_cap"))
+    if not cap or cap.get("state") in (None, "off"):
+        return ""
+    steps = [s for s in cap.get("steps") or [] if isinstance(s, Mapping)]
+    text = f"power cap {fmt(cap.get('cap_w'), 1)} W: {cap.get('state')}"
+    if steps:
+        down = ", ".join(f"{s.get('device')} {s.get('before')}->{s.get('after')} "
+                         f"{s.get('unit', '')}".rstrip() for s in steps)
+        text += f", {len(steps)} step{'s' if len(steps) != 1 else ''} down ({down})"
+    if cap.get("paused"):
+        text += f", paused: {cap['paused']}"
+    return text
 
 
 def mqtt_line(snap: Snapshot) -> str:
