@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from edgepilot.config import Config
 from edgepilot.dvfs.powercap import PowerCap
 from edgepilot.dvfs.slo import SloPicker, check_model
+from edgepilot.dvfs.watch import each_sample
 from edgepilot.errors import EdgepilotError
 
 if TYPE_CHECKING:
@@ -96,28 +97,12 @@ class EnergyService:
 
     async def _watch(self) -> None:
         """Hand each new telemetry sample's board power to the power cap."""
-        last_ts: object = None
-        while not self._stopping.is_set():
-            interval = self.daemon.config.telemetry.sample_interval_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), interval)
-            sampler = self.daemon.telemetry
-            if self._stopping.is_set() or sampler is None:
-                continue
-            if self.daemon.config.dvfs.power_cap_w is None and not self.cap.steps \
-                    and not self.daemon.profiles.caps.caps:
-                continue
-            sample = sampler.latest()
-            ts = sample.get("ts")
-            if ts is None or ts == last_ts:
-                continue
-            last_ts = ts
-            try:
-                await self.daemon.run_blocking(self.cap.check, sample.get("power_w"))
-            except RuntimeError:  # the executor is shutting down with the daemon
-                return
-            except Exception:  # the loop must outlive one bad sample or step
-                log.exception("power cap check failed; continuing")
+        def decide(sample: dict[str, Any]) -> None:
+            if self.daemon.config.dvfs.power_cap_w is not None or self.cap.steps \
+                    or self.daemon.profiles.caps.caps:
+                self.cap.check(sample.get("power_w"))
+
+        await each_sample(self.daemon, self._stopping, decide, "power cap check")
 
     async def check(self, new: Config) -> None:
         """Refuse a reload naming an unknown or non-tensor slo_model."""

@@ -8,7 +8,6 @@ then restore.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from edgepilot.config import Config
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
 from edgepilot.dvfs.thermal import ThermalGuard
+from edgepilot.dvfs.watch import each_sample
 from edgepilot.errors import ConfigError, EdgepilotError
 
 if TYPE_CHECKING:
@@ -91,29 +91,15 @@ class DvfsService:
 
     async def _watch(self) -> None:
         """Hand each new telemetry sample's temperatures to the guard (one sampler: theirs)."""
-        last_ts: object = None
-        while not self._stopping.is_set():
-            interval = self.daemon.config.telemetry.sample_interval_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), interval)
-            sampler = self.daemon.telemetry
-            if self._stopping.is_set():
-                return
-            if sampler is None:
-                self.guard.watching = "telemetry is not running: thermal limits are not enforced"
-                continue
-            self.guard.watching = None
-            sample = sampler.latest()
-            ts, temps = sample.get("ts"), sample.get("temps_c")
-            if ts is None or ts == last_ts or not temps:
-                continue
-            last_ts = ts
-            try:
-                await self.daemon.run_blocking(self.guard.check, temps)
-            except RuntimeError:  # the executor is shutting down with the daemon
-                return
-            except Exception:  # the guard must outlive one bad sample or move
-                log.exception("thermal guard check failed; continuing")
+        def watching(running: bool) -> None:
+            self.guard.watching = None if running else \
+                "telemetry is not running: thermal limits are not enforced"
+
+        def decide(sample: dict[str, Any]) -> None:
+            if sample.get("temps_c"):
+                self.guard.check(sample["temps_c"])
+
+        await each_sample(self.daemon, self._stopping, decide, "thermal guard check", watching)
 
     async def check(self, new: Config) -> None:
         """Refuse a config naming a profile this board does not have (before anything moves)."""
