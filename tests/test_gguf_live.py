@@ -31,8 +31,10 @@ from edgepilot.dispatch.gguf_live import (
 )
 from edgepilot.dispatch.gguf_select import Measurement, spread
 from edgepilot.dispatch.service import attach as attach_dispatch
+from edgepilot.errors import PlanError
 from edgepilot.lifecycle import Daemon
 from edgepilot.models.gguf_gen import GgufSpec, write_gguf
+from edgepilot.models.queue import DeviceQueue, ThreadHold
 from edgepilot.models.service import attach as attach_models
 
 
@@ -262,3 +264,47 @@ def test_a_planned_model_loads_without_hashing_its_file_again(
     write_gguf(tmp_path / "models" / "chat.gguf", GgufSpec(seed=1))
     fresh = Dispatcher(config(tmp_path)).get("chat")
     assert isinstance(fresh, GgufDispatch) and fresh.load_cached() is None
+
+
+def _loop_in_thread() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def _hold_error(hold: Any) -> tuple[threading.Thread, list[str]]:
+    errors: list[str] = []
+
+    def measure() -> None:
+        try:
+            with hold:
+                errors.append("held")
+        except PlanError as exc:
+            errors.append(exc.message)
+
+    thread = threading.Thread(target=measure, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.parametrize("how", ["stop", "busy"])
+def test_a_measurement_waiting_for_the_devices_gives_up_and_says_why(how: str) -> None:
+    loop, loop_thread = _loop_in_thread()
+    queue = DeviceQueue("llamacpp/cpu", 4)
+    asyncio.run_coroutine_threadsafe(queue.acquire(), loop).result()  # a request holds it
+    measuring, errors = _hold_error(ThreadHold(loop, lambda: [queue],
+                                               timeout_s=300 if how == "stop" else 1))
+    while queue.waiting == 0:  # the measurement is in line
+        threading.Event().wait(0.01)
+    if how == "stop":
+        loop.call_soon_threadsafe(loop.stop)  # the daemon exits meanwhile
+    measuring.join(timeout=60)
+    assert not measuring.is_alive()
+    want = "the daemon is stopping" if how == "stop" else "the devices stayed busy for 1 s"
+    assert errors == [f"nothing could be measured alone: {want}" + (
+        "" if how == "stop" else "; retry when traffic is lower (plan.replan)")]
+    if how == "busy":
+        loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join()
+    loop.close()

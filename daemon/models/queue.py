@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -84,16 +86,24 @@ class ThreadHold:
 
     def __enter__(self) -> ThreadHold:
         fut = asyncio.run_coroutine_threadsafe(self._take(), self.loop)
-        try:
-            self._held = fut.result(timeout=self.timeout_s)
-        except concurrent.futures.TimeoutError:
-            if not fut.cancel() and fut.done() and fut.exception() is None:
-                # taken just as the wait ran out: give them back, nothing will run
-                self.loop.call_soon_threadsafe(self._release, fut.result())
-            raise PlanError(f"the devices stayed busy for {self.timeout_s:.0f} s, so nothing "
-                            "could be measured alone; retry when traffic is lower "
-                            "(plan.replan)", field="model") from None
-        return self
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self._held = fut.result(timeout=0.5)
+                return self
+            except concurrent.futures.TimeoutError:
+                # a loop that stopped (the daemon is exiting) will never hand the devices over
+                stopped = self.loop.is_closed() or not self.loop.is_running()
+                if not stopped and time.monotonic() < deadline:
+                    continue
+            with contextlib.suppress(RuntimeError):  # a closed loop takes no callbacks
+                if not fut.cancel() and fut.done() and fut.exception() is None:
+                    # taken just as the wait ran out: give them back, nothing will run
+                    self.loop.call_soon_threadsafe(self._release, fut.result())
+            why = ("the daemon is stopping" if stopped else
+                   f"the devices stayed busy for {self.timeout_s:.0f} s; retry when traffic is "
+                   "lower (plan.replan)")
+            raise PlanError(f"nothing could be measured alone: {why}", field="model")
 
     def __exit__(self, *exc: object) -> None:
         held, self._held = self._held, []
