@@ -1,5 +1,5 @@
 """Attach the dispatcher: ``daemon.dispatcher``, commands ``plan.get``/``plan.replan``, and
-replans on ``profile.applied``, ``thermal`` and ``backend.fault`` events.
+replans on ``profile.applied``, ``thermal``, ``power_cap.step`` and ``backend.fault`` events.
 
 One clock move, one replan: the DVFS thermal guard moves profiles through the manager, which
 emits ``profile.applied`` (reason "thermal"), and then reports the same move as a ``thermal``
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CLOCK_EVENTS = ("profile.applied", "profile.restored", "thermal")
+# a power-cap step moves max clocks like a profile does: plans are re-predicted at once rather
+# than when drift notices
+CLOCK_EVENTS = ("profile.applied", "profile.restored", "thermal", "power_cap.step")
 # thermal actions that went through ProfileManager.apply, i.e. came with a profile.applied
 PROFILE_MOVES = ("fallback", "return")
 
@@ -83,7 +85,8 @@ class DispatchService:
         if kind == "thermal" and event.get("action") in PROFILE_MOVES:
             return  # its profile.applied (reason "thermal") already replanned
         if kind in CLOCK_EVENTS:
-            self._schedule(self._clocks(str(kind), only_if_moved=kind == "thermal"))
+            self._schedule(self._clocks(str(kind), only_if_moved=kind in ("thermal",
+                                                                          "power_cap.step")))
         elif kind == "backend.fault" and "plan" not in event and event.get("target"):
             # a fault reported by someone else (a backend at load); ours carry "plan"
             self._schedule(self._fault(str(event["target"])))
