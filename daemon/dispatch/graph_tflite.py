@@ -8,6 +8,7 @@ TFLite interpreter itself, resized to them: its own shape propagation, no guess.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,10 +26,21 @@ def _shape(tensor: Any) -> list[int]:
 
 
 def default_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The input shapes the file allocates without any resize."""
-    sg = tflite_graph.load(path).subgraphs[0]
-    return {tflite_graph._name(sg.tensors[i]): tuple(_shape(sg.tensors[i]))
-            for i in tflite_graph._ints(sg.inputs)}
+    """The input shapes the file allocates without any resize.
+
+    Asked on every request to a TFLite model (its signature): kept per (file, mtime, size),
+    since parsing the flatbuffer again costs milliseconds when two models alternate.
+    """
+    st = path.stat()
+    return dict(_default_shapes(str(path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _default_shapes(path_str: str, _mtime_ns: int, _size: int
+                    ) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    sg = tflite_graph.load(Path(path_str)).subgraphs[0]
+    return tuple((tflite_graph._name(sg.tensors[i]), tuple(_shape(sg.tensors[i])))
+                 for i in tflite_graph._ints(sg.inputs))
 
 
 def read_tflite(path: Path, shapes: Mapping[str, tuple[int, ...]] | None = None
