@@ -19,17 +19,20 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 
 from edgepilot import __version__
-from edgepilot.backends import load_backend
-from edgepilot.backends.base import Backend, BackendUnavailable, Target
+from edgepilot.backends.base import Backend, Target
 from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config
+from edgepilot.dispatch.background import BackgroundPlans
 from edgepilot.dispatch.corpus import CorpusStore
-from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufOptions, GgufPlan
+from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufPlan
+from edgepilot.dispatch.gguf_setup import gguf_dispatch, llamacpp_backend
 from edgepilot.dispatch.kernels import KernelModel
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes, resolve_model
+from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache
 from edgepilot.dispatch.profiler import Progress
-from edgepilot.dispatch.signature import Shapes, resolve_shapes, shapes_of, signature_of
+from edgepilot.dispatch.signature import Shapes, shapes_of, signature_of
 from edgepilot.dispatch.targets import (
     available_targets,
     board_freqs,
@@ -38,28 +41,15 @@ from edgepilot.dispatch.targets import (
     runtime_versions,
 )
 from edgepilot.errors import EdgepilotError, ModelError, NotFoundError, PlanError
-from edgepilot.models.io import tensor_specs
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RunBlocking = Callable[..., Awaitable[Any]]
-PLANNED_KINDS = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}
 AnyDispatch: TypeAlias = "ModelDispatch | GgufDispatch"
 
 
 async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
-
-
-def segments_of(targets: Sequence[str]) -> list[dict[str, Any]]:
-    """Consecutive layers on one target as ``{"target", "layers": [first, end)}``."""
-    out: list[dict[str, Any]] = []
-    for i, target in enumerate(targets):
-        if out and out[-1]["target"] == target:
-            out[-1]["layers"][1] = i + 1
-        else:
-            out.append({"target": target, "layers": [i, i + 1]})
-    return out
 
 
 class Dispatcher:
@@ -92,10 +82,9 @@ class Dispatcher:
         # why re-prediction ran, most recent last (status/debugging: one entry per clock move)
         self.clock_replans: deque[str] = deque(maxlen=50)
         # background planning: a request never waits for profiling (seconds to minutes)
-        self._planning: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self.plan_failures: dict[tuple[str, str], str] = {}
-        # (model, signature) -> (done, total, what) of its latest profiling step
-        self.planning_progress: dict[tuple[str, str], tuple[int, int, str]] = {}
+        self.background = BackgroundPlans()
+        self.plan_failures = self.background.failures
+        self.planning_progress = self.background.progress
 
     # ---- set-up -------------------------------------------------------------------------------
     def progress(self, done: int, total: int, what: str) -> None:
@@ -107,11 +96,7 @@ class Dispatcher:
 
     def _progress_of(self, key: tuple[str, str]) -> Progress:
         """Progress of one (model, signature): recorded for ``plan_progress``, then passed on."""
-        def report(done: int, total: int, what: str) -> None:
-            self.planning_progress[key] = (done, total, what)
-            self.progress(done, total, what)
-
-        return report
+        return self.background.reporter(key, self.progress)
 
     @property
     def backends(self) -> dict[str, Backend]:
@@ -122,28 +107,7 @@ class Dispatcher:
     def resolve(self, name: str) -> tuple[str, Path, float | None]:
         """Model name (or path) -> (name, file, tolerance override)."""
         resolver = getattr(self.models, "resolve_path", None)
-        if callable(resolver):
-            path = Path(resolver(name))
-            return name, path, self._entry_tolerance(name)
-        for entry in self.config.models:
-            if entry.name == name:
-                return name, self.config.model_dir / entry.file, entry.tolerance
-        model_dir = self.config.model_dir
-        for suffix in PLANNED_KINDS:
-            cand = model_dir / f"{name}{suffix}"
-            if cand.is_file():
-                return name, cand, None
-        path = Path(name)
-        if path.is_file():
-            return path.stem, path, None
-        known = sorted({e.name for e in self.config.models} | {
-            p.stem for p in model_dir.glob("*") if p.suffix in PLANNED_KINDS}) \
-            if model_dir.is_dir() else sorted(e.name for e in self.config.models)
-        raise NotFoundError(f"unknown model {name!r}; known: {', '.join(known) or 'none'} "
-                            f"(model dir {model_dir})", field="model")
-
-    def _entry_tolerance(self, name: str) -> float | None:
-        return next((e.tolerance for e in self.config.models if e.name == name), None)
+        return resolve_model(self.config, name, resolver if callable(resolver) else None)
 
     def key_parts(self) -> dict[str, Any]:
         """What a cached plan depends on besides the model file itself."""
@@ -178,33 +142,12 @@ class Dispatcher:
 
     def llamacpp(self) -> LlamaCppBackend:
         """The llama.cpp backend with its config section; PlanError when it is unavailable."""
-        enabled = self.config.backends.enabled
-        try:
-            if enabled is not None and "llamacpp" not in enabled:
-                raise BackendUnavailable("backend 'llamacpp' is not in [backends] enabled")
-            backend = load_backend("llamacpp", self.config.backends.llamacpp)
-        except BackendUnavailable as exc:
-            raise PlanError(f"cannot plan a GGUF model: {exc.message}", field="backends") from None
-        assert isinstance(backend, LlamaCppBackend)
-        return backend
-
-    def _entry_n_ctx(self, name: str) -> int:
-        entry = next((e for e in self.config.models if e.name == name), None)
-        return (entry.n_ctx if entry is not None and entry.n_ctx
-                else self.config.backends.llamacpp.n_ctx)
+        return llamacpp_backend(self.config)
 
     def _gguf(self, key: str, path: Path) -> GgufDispatch:
-        d = self.config.dispatch
-        opts = GgufOptions(n_ctx=self._entry_n_ctx(key), threads=d.gguf_threads,
-                           prompt_tokens=d.gguf_prompt_tokens, decode_tokens=d.gguf_decode_tokens)
-        backend = self.llamacpp()
-        parts = {"board": board_id(self.board),
-                 "profile": getattr(self.profiles, "active_name", None),
-                 "runtimes": {"llamacpp": str(backend.version() or "?")},
-                 "edgepilot": __version__}
-        return GgufDispatch(key, path, backend, opts, cache=self.cache, key_parts=parts,
-                            budgets=self.budgets(), progress=self.progress, emit=self.emit,
-                            hold=getattr(self.models, "hold_devices", None))
+        return gguf_dispatch(self.config, key, path, board=self.board, profiles=self.profiles,
+                             cache=self.cache, budgets=self.budgets(), progress=self.progress,
+                             emit=self.emit, hold=getattr(self.models, "hold_devices", None))
 
     def gguf_choice(self, name: str) -> GgufPlan | None:
         """The GGUF plan of ``name`` if one is planned or cached (never measures).
@@ -221,20 +164,8 @@ class Dispatcher:
 
     def shapes_for(self, name: str, path: Path, given: Mapping[str, Sequence[int]] | None
                    ) -> Shapes:
-        """The input shapes to plan ``name`` for: ``given`` (CLI flag or a request) over the
-        config's ``input_shapes``, then the file's fixed dims (PlanError naming the input and
-        dim when one stays unknown)."""
-        kind = PLANNED_KINDS[path.suffix.lower()]
-        specs = tensor_specs(path, kind)[0]
-        entry = next((e for e in self.config.models if e.name == name), None)
-        merged: dict[str, Sequence[int]] = dict(entry.input_shapes or {}) if entry else {}
-        merged.update(given or {})
-        defaults = None
-        if kind == "tflite":
-            from edgepilot.dispatch.graph_tflite import default_shapes
-
-            defaults = default_shapes(path)
-        return resolve_shapes(name, specs, merged, defaults=defaults)
+        """The input shapes to plan ``name`` for (see ``model_files.planning_shapes``)."""
+        return planning_shapes(self.config, name, path, given)
 
     def get(self, name: str, shapes: Mapping[str, Sequence[int]] | None = None) -> AnyDispatch:
         """The dispatch state of ``name`` for ``shapes`` (not yet planned); NotFoundError for
@@ -327,12 +258,7 @@ class Dispatcher:
             "plans": [{"model": n, "signature": sig or None, "hash": plan.hash,
                        "segments": segments_of(plan.targets), "reason": plan.reason}
                       for n, sig, plan in held],
-            "planning": [{"model": n, "signature": sig or None,
-                          **dict(zip(("done", "total", "what"), self.planning_progress.get(
-                              (n, sig), (0, 0, "starting")), strict=True))}
-                         for n, sig in list(self._planning)],
-            "failed": [{"model": n, "signature": sig or None, "reason": why}
-                       for (n, sig), why in list(self.plan_failures.items())],
+            **self.background.summary(),
         }
 
     # ---- sync API (CLI, worker threads) -------------------------------------------------------
@@ -382,19 +308,13 @@ class Dispatcher:
                 recent.append({k: np.array(v, copy=True) for k, v in inputs.items()})
         if md.plan is not None:
             return True
-        # one plan in the making per model: a model whose requests come in many shapes (text
-        # lines of every width) would otherwise queue a profiling run per shape; a shape that
-        # keeps coming is planned once the current one is done
-        busy = any(k[0] == name for k in self._planning)
-        if key not in self.plan_failures and not busy:
+        # one plan in the making per model (see background.py)
+        if key not in self.plan_failures and not self.background.busy(name):
             self._start_planning(name, shapes, key)
         return False
 
     def _start_planning(self, name: str, shapes: Shapes | None, key: tuple[str, str]) -> None:
-        self.planning_progress[key] = (0, 0, "starting")
-        task = asyncio.get_running_loop().create_task(
-            self._plan_in_background(name, shapes, key), name=f"plan-{name}")
-        self._planning[key] = task
+        self.background.start(key, lambda: self.run_blocking(self.plan_for, name, shapes))
 
     def plan_progress(self, name: str) -> dict[str, Any] | None:
         """None when ``name`` has a plan to explain now; else how far its plan in the making
@@ -407,7 +327,7 @@ class Dispatcher:
         with self._lock:
             if any(n == name and md.plan is not None for (n, _), md in self._models.items()):
                 return None
-        keys = [k for k in self._planning if k[0] == name]
+        keys = self.background.in_making(name)
         if not keys:
             md = self.get(name)  # unknown model, or shapes still to give: the error says which
             if md.plan is not None:
@@ -418,30 +338,11 @@ class Dispatcher:
                                 f"POST /v1/plan/{name}/replan tries again", field="model")
             self._start_planning(name, None, key)
             keys = [key]
-        done, total, what = self.planning_progress.get(keys[0], (0, 0, "starting"))
-        return {"state": "planning", "model": name, "signature": keys[0][1] or None,
-                "done": done, "total": total, "what": what}
-
-    async def _plan_in_background(self, name: str, shapes: Shapes | None,
-                                  key: tuple[str, str]) -> None:
-        log.info("planning %s in the background for shapes %s; requests with these shapes run "
-                 "it whole until the plan is ready", name, key[1] or "(fixed)")
-        try:
-            await self.run_blocking(self.plan_for, name, shapes)
-        except Exception as exc:  # any failure: serve whole, say why once
-            reason = (exc.message if isinstance(exc, EdgepilotError)
-                      else f"{type(exc).__name__}: {exc}")
-            self.plan_failures[key] = reason
-            log.warning("no plan for %s %s (%s); serving it whole on its default target", name,
-                        key[1], reason)
-        finally:
-            self._planning.pop(key, None)
-            self.planning_progress.pop(key, None)
+        return self.background.state(keys[0])
 
     async def wait_planned(self) -> None:
         """Wait for background planning in progress (tests, orderly stop)."""
-        while self._planning:
-            await asyncio.gather(*list(self._planning.values()), return_exceptions=True)
+        await self.background.wait()
 
     async def infer(self, name: str, inputs: dict[str, np.ndarray]
                     ) -> tuple[dict[str, np.ndarray], str]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, Target, TensorSpec
+from edgepilot.backends.base import Backend, Target
 from edgepilot.dispatch.calibration import time_plan
 from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
 from edgepilot.dispatch.kernels import KernelModel
@@ -37,7 +37,7 @@ from edgepilot.dispatch.profiler import (
     Progress,
     median_ms,
 )
-from edgepilot.dispatch.samples import Feed, Rule, Samples, name_rule, onnx_rules, pick
+from edgepilot.dispatch.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.signature import Shapes, resolve_shapes, signature_of
 from edgepilot.dispatch.targets import reference_target
 from edgepilot.dispatch.tolerance import output_error
@@ -63,18 +63,6 @@ class DispatchOptions:
     max_layers: int = 48
     passes: int = 2
     calibration_dir: Path | None = None
-
-
-def tflite_defaults(path: Path) -> Shapes:
-    from edgepilot.dispatch.graph_tflite import default_shapes
-
-    return default_shapes(path)
-
-
-def tflite_precision(path: Path) -> str:
-    from edgepilot.backends.tflite import file_precision
-
-    return file_precision(path)
 
 
 class ModelDispatch:
@@ -126,10 +114,14 @@ class ModelDispatch:
             kind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
             specs = tensor_specs(self.path, kind)[0]
             if self.shapes is None:
-                defaults = tflite_defaults(self.path) if kind == "tflite" else None
+                defaults = None
+                if kind == "tflite":  # flatbuffers only where TFLite is installed
+                    from edgepilot.dispatch.graph_tflite import default_shapes
+
+                    defaults = default_shapes(self.path)
                 self.shapes = resolve_shapes(self.name, specs, {}, defaults=defaults)
             self.samples = samples = pick(
-                specs, self.shapes, self._rules(kind, specs), self.opts.calibration_inputs,
+                specs, self.shapes, rules_for(self.path, kind, specs), self.opts.calibration_inputs,
                 self.name, self.opts.calibration_dir, list(self.recent()))
             part = partition(self.path, kind, shapes=self.shapes, cache_dir=self.graph_dir,
                              feed=samples.feeds[0], max_layers=self.opts.max_layers)
@@ -138,7 +130,11 @@ class ModelDispatch:
             # only some layers (a delegate) is a planning fact, used for the layers it covers
             self.targets = [t for t in self.targets if t.backend in self.backends
                             and self._covers_any(part, t)]
-            precision = tflite_precision(self.path) if kind == "tflite" else "fp32"
+            precision = "fp32"
+            if kind == "tflite":
+                from edgepilot.backends.tflite import file_precision
+
+                precision = file_precision(self.path)
             self.reference = ref = reference_target(self.targets, part.kind, precision)
             ref_exe = self._backend(ref).compile(part.segment(0, len(part.layers)), ref)
             self.calibration = samples.feeds
@@ -181,19 +177,6 @@ class ModelDispatch:
                     "plan": plan.as_dict()})
             self._install(plan, compiled)
             return plan
-
-    def _rules(self, kind: str, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
-        """How each input is generated when no real sample is at hand."""
-        if kind != "onnx":
-            return {s.name: name_rule(s) for s in specs}
-        import onnx
-
-        try:
-            model = onnx.load(str(self.path), load_external_data=False)
-        except Exception as exc:
-            raise PlanError(f"{self.path.name} is not a readable ONNX model: {exc}",
-                            field="model") from None
-        return onnx_rules(model, specs)
 
     def _covers_any(self, part: Partition, target: Target) -> bool:
         """Whether ``target`` runs the whole model or at least one of its layers."""

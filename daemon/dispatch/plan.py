@@ -297,6 +297,17 @@ class Plan:
         }
 
 
+def segments_of(targets: list[str]) -> list[dict[str, Any]]:
+    """Consecutive layers on one target as ``{"target", "layers": [first, end)}``."""
+    out: list[dict[str, Any]] = []
+    for i, target in enumerate(targets):
+        if out and out[-1]["target"] == target:
+            out[-1]["layers"][1] = i + 1
+        else:
+            out.append({"target": target, "layers": [i, i + 1]})
+    return out
+
+
 def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
     """Run the planner on the builder's current costs and describe the result."""
     assign, cost, table = builder.best()

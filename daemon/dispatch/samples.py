@@ -79,6 +79,21 @@ class Samples:
 
 
 # ---- graph hints (ONNX) ----------------------------------------------------------------------
+def rules_for(path: Path, kind: str, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
+    """How each input of the model at ``path`` is generated when no real sample is at hand:
+    from how an ONNX graph uses it, else from its name, type and shape."""
+    if kind != "onnx":
+        return {s.name: name_rule(s) for s in specs}
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise PlanError(f"{path.name} is not a readable ONNX model: {exc}",
+                        field="model") from None
+    return onnx_rules(model, specs)
+
+
 def onnx_rules(model: Any, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
     """Rules for the inputs of an ONNX ``ModelProto`` read from how the graph uses them."""
     g = model.graph
