@@ -1,8 +1,9 @@
-"""GGUF plans, the measuring part: time candidates on llama.cpp, choose, cache, explain.
+"""GGUF plans: time candidates on llama.cpp, choose, cache, explain.
 
 For each candidate (n_threads, n_gpu_layers) the model is loaded with those settings and a fixed
-reference request is timed a few times: a prompt prefilled in one batch, then tokens decoded one
-at a time. :mod:`edgepilot.dispatch.gguf_select` picks the fastest that fits the memory budgets.
+reference request is timed a few times (:mod:`.gguf_measure`): a prompt prefilled in one batch,
+then tokens decoded one at a time. :mod:`.gguf_select` picks the fastest that fits the memory
+budgets.
 Measurements are cached in the state dir like ONNX profiles (keyed by the file's sha256, board,
 profile and llama.cpp version), and the model registry loads the model with the plan's choice.
 
@@ -23,15 +24,15 @@ import logging
 import os
 import statistics
 import threading
-import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgepilot.backends.llamacpp import LLAMA_THREAD, LlamaCppBackend, LlamaExecutable
-from edgepilot.dispatch.gguf_live import NOISY_SPREAD, LiveStats, LiveTrial, trial_reason
+from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable
+from edgepilot.dispatch.gguf_live import LiveStats, LiveTrial, trial_reason
+from edgepilot.dispatch.gguf_measure import Hold, measure
 from edgepilot.dispatch.gguf_select import (
     Candidate,
     Choice,
@@ -40,101 +41,22 @@ from edgepilot.dispatch.gguf_select import (
     candidates,
     footprint,
     select,
-    spread,
     thread_candidates,
 )
+from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
 from edgepilot.dispatch.profiler import Progress
-from edgepilot.errors import BackendError, ModelError
+from edgepilot.errors import ModelError
 from edgepilot.models import files
-from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
+from edgepilot.models.gguf_info import read_gguf_info
 
 log = logging.getLogger(__name__)
-ROUNDS = 7
-# noisy rounds are measured again, ROUNDS at a time, up to this many
-MAX_ROUNDS = 21
-# holds every device queue for one measuring round (a no-op outside a running daemon)
-Hold = Callable[[], AbstractContextManager[Any]]
-
-
 @dataclass
 class GgufOptions:
     n_ctx: int = 2048
     threads: list[int] | None = None
     prompt_tokens: int = 32
     decode_tokens: int = 16
-
-
-def block_weight_bytes(path: Path) -> int:
-    """Bytes of the ``blk.N.*`` tensors (what offloading a block moves), from the header."""
-    return read_gguf_info(path).block_bytes
-
-
-def set_threads(exe: LlamaExecutable, n_threads: int) -> None:
-    """Run ``exe`` with ``n_threads`` for decode *and* prompt batches from now on."""
-    exe.set_threads(n_threads)
-
-
-def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: int,
-            threads: list[int], prompt_tokens: int, decode_tokens: int,
-            rounds: int = ROUNDS, max_rounds: int = MAX_ROUNDS,
-            hold: Hold = nullcontext) -> list[Measurement]:
-    """Load ``path`` once with ``n_gpu_layers`` and time the reference request for every
-    thread count; per-token medians over the rounds.
-
-    Each round times every thread count, in alternating order, inside ``hold()`` (the daemon
-    holds its device queues: no request runs meanwhile). After ``rounds`` rounds, if any
-    count's decode times spread more than :data:`~.gguf_live.NOISY_SPREAD`, ``rounds`` more
-    are taken, up to ``max_rounds``.
-    """
-    # a short context: speed at the start of a conversation, and little memory while measuring
-    n_ctx = prompt_tokens + decode_tokens + 8
-    try:
-        exe = backend.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info)
-    except BackendError as exc:
-        return [Measurement(t, n_gpu_layers, None, None, exc.message) for t in threads]
-    try:
-        llm = exe.llm
-        vocab = int(llm.n_vocab())
-        prompt = [(17 + 31 * i) % vocab for i in range(prompt_tokens)]
-        nxt = [(5 + 7 * i) % vocab for i in range(decode_tokens)]
-        prefill: dict[int, list[float]] = {t: [] for t in threads}
-        decode: dict[int, list[float]] = {t: [] for t in threads}
-        def one_round(order: list[int], counted: bool) -> None:
-            # on the llama.cpp thread, like serving (see LlamaThread), inside the hold
-            for t in order:
-                exe.set_threads(t)
-                llm.reset()
-                t0 = time.perf_counter()
-                llm.eval(prompt)
-                t1 = time.perf_counter()
-                for tok in nxt:
-                    llm.eval([tok])
-                t2 = time.perf_counter()
-                if counted:
-                    prefill[t].append((t1 - t0) * 1e3 / prompt_tokens)
-                    decode[t].append((t2 - t1) * 1e3 / decode_tokens)
-
-        target, r = rounds, 0
-        while True:
-            # alternate the order: the first count after the hold is taken must not always be
-            # the same one (caches, frequency ramp-up); round 0 warms up and is not counted.
-            # The hold is taken here, not on the llama.cpp thread: a request waiting for that
-            # thread between two rounds must be able to run, or it would hold its device slot
-            # while the next round waits for that slot.
-            with hold():
-                LLAMA_THREAD.call(one_round, threads if r % 2 == 0 else threads[::-1], r > 0)
-            if r >= target:
-                noisy = any(spread(decode[t]) > NOISY_SPREAD for t in threads)
-                if not noisy or target >= max_rounds:
-                    break
-                target = min(target + rounds, max_rounds)
-            r += 1
-        return [Measurement(t, n_gpu_layers, statistics.median(prefill[t]),
-                            statistics.median(decode[t]), rounds=len(decode[t]),
-                            decode_spread=round(spread(decode[t]), 4)) for t in threads]
-    finally:
-        exe.close()
 
 
 @dataclass
@@ -492,7 +414,7 @@ class GgufDispatch:
                 "runner_up": None if ru is None else {
                     "n_threads": ru.n_threads, "n_gpu_layers": ru.n_gpu_layers,
                     "predicted_ms": round(ru.decode_ms_per_token or 0.0, 4)},
-                "segments": _segments(plan.targets),
+                "segments": segments_of(plan.targets),
                 "layers": layers, "candidates": self.choice.verdicts,
                 "reason": plan.reason, "error": None, "from_cache": self.from_cache,
                 "excluded": [], "monitor": {}, "live": self.live_report(),
@@ -516,13 +438,3 @@ class GgufDispatch:
 
 def _tps(ms_per_token: float | None) -> float | None:
     return None if not ms_per_token else round(1e3 / ms_per_token, 1)
-
-
-def _segments(targets: list[str]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, t in enumerate(targets):
-        if out and out[-1]["target"] == t:
-            out[-1]["layers"][1] = i + 1
-        else:
-            out.append({"target": t, "layers": [i, i + 1]})
-    return out
