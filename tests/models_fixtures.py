@@ -7,29 +7,19 @@ spec without importing it (silero_vad's ``__init__`` needs torch).
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_proc import DaemonProcess
+from real_models import package_file
 
 from edgepilot.config import parse_config
 from edgepilot.lifecycle import Daemon
 from edgepilot.models.gguf_gen import GgufSpec, write_gguf
 from edgepilot.models.service import attach
 from edgepilot.models.tflite_gen import write_mlp_tflite
-
-
-def package_file(package: str, *parts: str) -> Path:
-    """A data file shipped inside an installed package (fails loudly when it is missing)."""
-    spec = importlib.util.find_spec(package)
-    assert spec is not None and spec.submodule_search_locations, (
-        f"package {package} is not installed; see the Makefile's pip --no-deps line")
-    path = Path(next(iter(spec.submodule_search_locations)), *parts)
-    assert path.is_file(), f"{path} missing from the {package} package"
-    return path
 
 
 def wakeword_tflite(name: str = "alexa") -> Path:

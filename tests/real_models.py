@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def package_file(package: str, *parts: str) -> Path:
+    """A data file shipped inside an installed package (fails loudly when it is missing)."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations, (
+        f"package {package} is not installed; see MODEL_PACKAGES in the Makefile")
+    path = Path(next(iter(spec.submodule_search_locations)), *parts)
+    assert path.is_file(), f"{path} missing from the {package} package"
+    return path
+
+
 @dataclass(frozen=True)
 class RealModel:
     """One corpus entry: where it comes from, what it is, the shapes to plan it at."""
@@ -25,12 +35,7 @@ class RealModel:
 
     @property
     def path(self) -> Path:
-        spec = importlib.util.find_spec(self.package)
-        assert spec is not None and spec.submodule_search_locations, (
-            f"package {self.package} is not installed; see MODEL_PACKAGES in the Makefile")
-        path = Path(next(iter(spec.submodule_search_locations)), self.relpath)
-        assert path.is_file(), f"{path} missing from the {self.package} package"
-        return path
+        return package_file(self.package, self.relpath)
 
     @property
     def suffix(self) -> str:
