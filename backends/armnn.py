@@ -32,7 +32,7 @@ from edgepilot.backends.base import (
 )
 from edgepilot.config import ArmnnSection
 from edgepilot.errors import BackendError
-from edgepilot.models import tflite_graph
+from edgepilot.formats import tflite_graph
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from edgepilot.backends.base import (
 from edgepilot.backends.native_log import route_llama_logs
 from edgepilot.config import LlamacppSection
 from edgepilot.errors import BackendError, CommandError
-from edgepilot.models.gguf_info import GgufInfo, read_gguf_info
+from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -51,7 +51,7 @@ def model_bytes(model: onnx.ModelProto) -> bytes:
 def extract(model: onnx.ModelProto, inputs: tuple[str, ...],
             outputs: tuple[str, ...]) -> onnx.ModelProto:
     """The subgraph computing ``outputs`` from ``inputs`` (initializers it needs included)."""
-    from edgepilot.models.onnx_graph import CutError, cut
+    from edgepilot.formats.onnx_graph import CutError, cut
 
     known = {vi.name for vi in model.graph.input} | {o for n in model.graph.node for o in n.output}
     missing = [t for t in (*inputs, *outputs) if t not in known]
@@ -74,7 +74,7 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
 def _calibration_reader(model: onnx.ModelProto, count: int = 8) -> object:
     from onnxruntime.quantization import CalibrationDataReader
 
-    from edgepilot.models.onnx_gen import sample_inputs
+    from edgepilot.formats.onnx_gen import sample_inputs
 
     class _Reader(CalibrationDataReader):
         def __init__(self) -> None:

@@ -4,7 +4,7 @@ Devices: ``xnnpack`` (the runtime's default delegate), ``cpu`` (builtin kernels,
 delegate) and one device per ``[backends.tflite] delegates`` entry (name -> .so, e.g. the Arm NN
 delegate or a vendor NPU delegate). Precision is the file's own: ``int8`` for a model with
 quantized inputs, else ``fp32``. A segment is cut out of the flatbuffer
-(:mod:`edgepilot.models.tflite_graph`), so any operator range can run on its own.
+(:mod:`edgepilot.formats.tflite_graph`), so any operator range can run on its own.
 
 No silent fallback off a device: a delegate takes the operators it can and leaves the rest to
 the builtin CPU kernels without a word. So an external delegate target (an NPU or GPU) supports
@@ -38,7 +38,7 @@ from edgepilot.backends.base import (
 from edgepilot.backends.native_log import stderr_without
 from edgepilot.config import TfliteSection
 from edgepilot.errors import BackendError
-from edgepilot.models import tflite_graph
+from edgepilot.formats import tflite_graph
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def tensor_shapes(path: Path, shapes: Mapping[str, Sequence[int]]) -> dict[str, 
 
 
 def _n_ops(content: bytes) -> int:
-    return int(tflite_graph._schema().Model.GetRootAs(content, 0).Subgraphs(0).OperatorsLength())
+    return int(tflite_graph.schema().Model.GetRootAs(content, 0).Subgraphs(0).OperatorsLength())
 
 
 class TfliteBackend(Backend):

@@ -49,8 +49,8 @@ from edgepilot.config import parse_config
 from edgepilot.dispatch.gguf_select import thread_candidates
 from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.lifecycle import Daemon
-from edgepilot.models import files, gguf_info
-from edgepilot.models.service import attach as attach_models
+from edgepilot.formats import files, gguf_info
+from edgepilot.serving.service import attach as attach_models
 
 N_CTX = 2048
 # decode comparisons, interleaved in this order (reversed every other round)

@@ -37,8 +37,8 @@ from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.kernels import correction
 from edgepilot.dispatch.plan import CostBuilder
 from edgepilot.dispatch.profiler import Profiler
-from edgepilot.models import onnx_gen
-from edgepilot.models.tflite_gen import write_mlp_tflite
+from edgepilot.formats import onnx_gen
+from edgepilot.formats.tflite_gen import write_mlp_tflite
 
 
 def make_models(d: Path) -> dict[str, str]:

@@ -41,7 +41,7 @@ SERVICE_STOP_MIN_S = 5.0
 CAPABILITIES: list[str] = [
     "edgepilot.status",
     "edgepilot.dvfs.service",
-    "edgepilot.models.service",
+    "edgepilot.serving.service",
     "edgepilot.dispatch.service",
     "edgepilot.telemetry.service",
     "edgepilot.mqtt.service",

@@ -92,7 +92,7 @@ def end_progress() -> None:
 def ensure_models(config: Config) -> None:
     """Like the daemon: an empty model dir gets the demo models (demo-chat, demo-mlp)."""
     if config.daemon.demo_models and not config.models:
-        from edgepilot.models.demo import ensure_demo_models
+        from edgepilot.formats.demo import ensure_demo_models
 
         ensure_demo_models(config.model_dir)
 

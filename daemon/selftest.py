@@ -63,7 +63,7 @@ def _onnx_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
     import onnx
     from onnx.reference import ReferenceEvaluator
 
-    from edgepilot.models.onnx_gen import mlp_stack, sample_inputs
+    from edgepilot.formats.onnx_gen import mlp_stack, sample_inputs
 
     path = work / "probe.onnx"
     model = mlp_stack(path, widths=(16, 64, 16))
@@ -79,7 +79,7 @@ def _onnx_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
 def _tflite_probe(backend: Backend, targets: list[Target], work: Path) -> list[TargetResult]:
     """Float targets run a float MLP checked against the TFLite interpreter called directly;
     int8 targets run a fully int8 layer checked against its float math."""
-    from edgepilot.models.tflite_gen import write_int8_fc_tflite, write_mlp_tflite
+    from edgepilot.formats.tflite_gen import write_int8_fc_tflite, write_mlp_tflite
 
     path = work / "probe.tflite"
     if not path.exists():
@@ -119,7 +119,7 @@ def _tflite_reference(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray | 
 
 
 def _whole_tflite_segment(path: Path) -> Segment:
-    from edgepilot.models.tflite_graph import io_names
+    from edgepilot.formats.tflite_graph import io_names
 
     inputs, outputs = io_names(path)
     return Segment(path, "tflite", tuple(inputs), tuple(outputs), name="probe")
@@ -159,7 +159,7 @@ def _check(backend: Backend, seg: Segment, target: Target, feeds: dict[str, np.n
 
 
 def _gguf_probe(backend: Backend, targets: list[Target], work: Path) -> list[TargetResult]:
-    from edgepilot.models.gguf_gen import write_gguf
+    from edgepilot.formats.gguf_gen import write_gguf
 
     path = work / "probe.gguf"
     write_gguf(path)

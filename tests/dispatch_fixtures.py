@@ -17,7 +17,7 @@ import pytest
 from edgepilot.backends.base import Backend, Executable, Segment, Support, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.errors import BackendError
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 
 class HookedExecutable(Executable):

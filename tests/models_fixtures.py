@@ -17,9 +17,9 @@ from real_models import package_file
 
 from edgepilot.config import parse_config
 from edgepilot.lifecycle import Daemon
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
-from edgepilot.models.service import attach
-from edgepilot.models.tflite_gen import write_mlp_tflite
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.serving.service import attach
+from edgepilot.formats.tflite_gen import write_mlp_tflite
 
 
 def wakeword_tflite(name: str = "alexa") -> Path:

@@ -14,7 +14,7 @@ from edgepilot.backends.armnn import ArmnnBackend
 from edgepilot.backends.base import Segment, Target
 from edgepilot.config import ArmnnSection
 from edgepilot.errors import BackendError
-from edgepilot.models import tflite_graph
+from edgepilot.formats import tflite_graph
 
 REF = Target("armnn", "CpuRef", "fp32")
 

@@ -15,8 +15,8 @@ from edgepilot.backends.base import Segment, Target
 from edgepilot.backends.llamacpp import LlamaCppBackend, n_gpu_layers_for
 from edgepilot.config import LlamacppSection
 from edgepilot.errors import BackendError
-from edgepilot.models.gguf_gen import CHAT_TEMPLATE, GgufSpec, write_gguf
-from edgepilot.models.gguf_info import COMPUTE_OVERHEAD_BYTES, effective_ctx, read_gguf_info
+from edgepilot.formats.gguf_gen import CHAT_TEMPLATE, GgufSpec, write_gguf
+from edgepilot.formats.gguf_info import COMPUTE_OVERHEAD_BYTES, effective_ctx, read_gguf_info
 
 CPU = Target("llamacpp", "cpu", "native")
 

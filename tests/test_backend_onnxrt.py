@@ -12,7 +12,7 @@ from edgepilot.backends import load_backend
 from edgepilot.backends.base import Segment, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.errors import BackendError
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:

@@ -14,8 +14,8 @@ from edgepilot.backends.base import Segment, Target
 from edgepilot.backends.tflite import TfliteBackend, ops_outside_delegates
 from edgepilot.config import TfliteSection
 from edgepilot.errors import BackendError
-from edgepilot.models import tflite_graph
-from edgepilot.models.tflite_gen import write_mlp_tflite
+from edgepilot.formats import tflite_graph
+from edgepilot.formats.tflite_gen import write_mlp_tflite
 
 XNN = Target("tflite", "xnnpack", "fp32")
 CPU = Target("tflite", "cpu", "fp32")

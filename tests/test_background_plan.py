@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from daemon_proc import DaemonProcess
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 
 def infer(d: DaemonProcess, x: np.ndarray) -> dict:

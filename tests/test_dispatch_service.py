@@ -19,7 +19,7 @@ from board_fixtures import BIN_DIR, fake_board
 
 from edgepilot.config import parse_config
 from edgepilot.dispatch.service import DispatchService
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 __all__ = ["fake_board"]
 POL0 = "/sys/devices/system/cpu/cpufreq/policy0"

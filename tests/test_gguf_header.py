@@ -16,10 +16,10 @@ import pytest
 from models_fixtures import smollm2_gguf
 
 from edgepilot.errors import ModelError
-from edgepilot.models import gguf_info
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
-from edgepilot.models.gguf_header import read_header
-from edgepilot.models.gguf_info import read_gguf_info
+from edgepilot.formats import gguf_info
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.formats.gguf_header import read_header
+from edgepilot.formats.gguf_info import read_gguf_info
 
 
 def reader_fields(reader: gguf.GGUFReader) -> dict[str, Any]:

@@ -33,9 +33,9 @@ from edgepilot.dispatch.gguf_select import Measurement, spread
 from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.errors import PlanError
 from edgepilot.lifecycle import Daemon
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
-from edgepilot.models.queue import DeviceQueue, ThreadHold
-from edgepilot.models.service import attach as attach_models
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.serving.queue import DeviceQueue, ThreadHold
+from edgepilot.serving.service import attach as attach_models
 
 
 def m(threads: int, decode: float, prefill: float = 1.0, spread_: float = 0.0,
@@ -245,7 +245,7 @@ def test_measuring_waits_for_the_request_holding_the_device_and_blocks_new_ones(
 
 def test_a_planned_model_loads_without_hashing_its_file_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgepilot.models import files
+    from edgepilot.formats import files
 
     md = planned(tmp_path, [])
     assert md.plan is not None

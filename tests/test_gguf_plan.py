@@ -27,8 +27,8 @@ from edgepilot.dispatch.gguf_select import (
 )
 from edgepilot.errors import PlanError
 from edgepilot.lifecycle import Daemon
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
-from edgepilot.models.gguf_info import COMPUTE_OVERHEAD_BYTES, read_gguf_info
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.formats.gguf_info import COMPUTE_OVERHEAD_BYTES, read_gguf_info
 
 MiB = 2**20
 PLAN_KEYS = {"model", "hash", "predicted_ms", "measured_ms", "layers"}
@@ -160,7 +160,7 @@ def test_cpu_budget_too_small_is_refused_with_the_numbers(tmp_path: Path) -> Non
 
 def test_registry_loads_gguf_with_the_plans_threads(tmp_path: Path) -> None:
     from edgepilot.dispatch.service import attach as attach_dispatch
-    from edgepilot.models.service import attach as attach_models
+    from edgepilot.serving.service import attach as attach_models
 
     write_gguf(tmp_path / "models" / "chat.gguf", GgufSpec())
     (tmp_path / "models").mkdir(exist_ok=True)

@@ -19,7 +19,7 @@ from llama_cpp import Llama
 from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401 - fixtures
 
 from edgepilot.dispatch.gguf_live import MIN_TOKENS
-from edgepilot.models.gguf_info import read_gguf_info
+from edgepilot.formats.gguf_info import read_gguf_info
 
 QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
 STORY = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]

@@ -23,7 +23,7 @@ from models_fixtures import (  # noqa: F401 - fixtures
     wakeword_tflite,
 )
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 TOKEN = "s3cret-token"
 

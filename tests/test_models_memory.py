@@ -10,10 +10,10 @@ import pytest
 from models_fixtures import make_daemon
 
 from edgepilot.errors import ModelError
-from edgepilot.models.memory import peak_live_bytes, tensor_memory
-from edgepilot.models.onnx_gen import mlp_stack, small_cnn
-from edgepilot.models.registry import ModelTooLarge
-from edgepilot.models.tflite_gen import write_mlp_tflite
+from edgepilot.formats.memory import peak_live_bytes, tensor_memory
+from edgepilot.formats.onnx_gen import mlp_stack, small_cnn
+from edgepilot.serving.registry import ModelTooLarge
+from edgepilot.formats.tflite_gen import write_mlp_tflite
 
 F32 = 4
 

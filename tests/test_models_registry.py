@@ -14,10 +14,10 @@ from models_fixtures import gguf_path, make_daemon, mlp_tflite  # noqa: F401 - f
 
 from edgepilot.errors import BusyError, ModelError, NotFoundError
 from edgepilot.lifecycle import Daemon
-from edgepilot.models import files
-from edgepilot.models.demo import ensure_demo_models
-from edgepilot.models.queue import DeviceQueue
-from edgepilot.models.registry import ModelRegistry, ModelTooLarge
+from edgepilot.formats import files
+from edgepilot.formats.demo import ensure_demo_models
+from edgepilot.serving.queue import DeviceQueue
+from edgepilot.serving.registry import ModelRegistry, ModelTooLarge
 
 
 def mdir(tmp: Path) -> Path:
@@ -180,7 +180,7 @@ def test_registry_reports_backends(tmp_path: Path) -> None:
 
 
 def test_unload_waits_for_requests_holding_the_model(tmp_path: Path) -> None:
-    from edgepilot.models.onnx_gen import mlp_stack
+    from edgepilot.formats.onnx_gen import mlp_stack
 
     mlp_stack(mdir(tmp_path) / "m.onnx", widths=(8, 8), batch=1)
     d = make_daemon(tmp_path)

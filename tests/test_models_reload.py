@@ -17,7 +17,7 @@ from daemon_proc import DaemonProcess
 from models_fixtures import gguf_path, mlp_tflite  # noqa: F401 - fixtures
 from mqtt_fixtures import Broker, Recorder, broker, wait_for  # noqa: F401 - fixture
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 DEVICE = "reloadbox"
 MODELS = ('[[models]]\nname = "chat"\nfile = "tiny.gguf"\n'

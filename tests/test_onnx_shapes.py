@@ -16,8 +16,8 @@ from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.onnx_shapes import concrete_graph
 from edgepilot.dispatch.partition import Partition, partition
 from edgepilot.errors import PlanError
-from edgepilot.models import files
-from edgepilot.models.onnx_graph import CutError, cut, implicit_inputs
+from edgepilot.formats import files
+from edgepilot.formats.onnx_graph import CutError, cut, implicit_inputs
 
 FP32 = Target("onnxruntime", "cpu", "fp32")
 SHAPE_OPS = {"Shape", "Gather", "Slice", "Concat"}

@@ -14,7 +14,7 @@ from daemon_proc import DaemonProcess
 from llama_cpp import Llama
 from models_fixtures import gguf_path, module_tmp, start_daemon  # noqa: F401 - fixtures
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 MESSAGES = [{"role": "system", "content": "You are an edge board."},
             {"role": "user", "content": "hello the board"}]

@@ -13,7 +13,7 @@ from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.partition import partition
 from edgepilot.errors import PlanError
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 transformer_path = dispatch_fixtures.transformer_path
 ort_backend = dispatch_fixtures.ort_backend

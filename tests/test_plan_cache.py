@@ -10,7 +10,7 @@ from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.plan_cache import PlanCache
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 transformer_path = dispatch_fixtures.transformer_path
 ort_backend = dispatch_fixtures.ort_backend

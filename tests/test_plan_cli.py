@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 PLAN_KEYS = {"model", "hash", "predicted_ms", "measured_ms", "layers"}
 LAYER_KEYS = {"name", "target", "predicted_ms", "measured_ms", "runner_up"}

@@ -18,7 +18,7 @@ from daemon_proc import DaemonProcess
 
 from edgepilot.config import load_config
 from edgepilot.dispatch.dispatcher import Dispatcher
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 CONFIG = """
 [mqtt]

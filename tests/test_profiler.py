@@ -10,7 +10,7 @@ from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.partition import partition
 from edgepilot.dispatch.profiler import Profiler, ProfileTable
-from edgepilot.models import onnx_gen
+from edgepilot.formats import onnx_gen
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend

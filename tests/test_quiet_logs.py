@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.formats.onnx_gen import mlp_stack
 
 QUIET = """
 [mqtt]

@@ -16,7 +16,7 @@ from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.partition import STATEFUL_TFLITE_OPS, Partition, partition
 from edgepilot.dispatch.samples import Feed, generate, onnx_rules
 from edgepilot.dispatch.signature import Shapes, resolve_shapes
-from edgepilot.models.io import tensor_specs
+from edgepilot.formats.io import tensor_specs
 
 FP32 = Target("onnxruntime", "cpu", "fp32")
 ONNX_MODELS = [m for m in CORPUS if m.suffix == ".onnx"]

@@ -16,7 +16,7 @@ from real_models import by_name
 from edgepilot.backends.base import TensorSpec
 from edgepilot.dispatch.samples import generate, name_rule, onnx_rules, pick
 from edgepilot.errors import PlanError
-from edgepilot.models.io import tensor_specs
+from edgepilot.formats.io import tensor_specs
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from daemon_proc import DaemonProcess
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 
 def dynamic_mlp(path: Path) -> Path:

@@ -26,7 +26,7 @@ from edgepilot.dvfs.profiles import ProfileStore
 from edgepilot.dvfs.thermal import ThermalGuard
 from edgepilot.errors import ConfigError
 from edgepilot.events import EventBus
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 __all__ = ["fake_board"]
 SLO_MS = 10_000.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from board_fixtures import build_tree
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 # the Orin snapshot's VDD_IN: 4984 mV x 920 mA
 ORIN_VDD_IN_W = 4.984 * 0.920

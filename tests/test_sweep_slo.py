@@ -18,7 +18,7 @@ from reactive_board import BoardModel, ReactiveBoard
 from edgepilot.board import Board
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from edgepilot.backends import load_backend
 from edgepilot.backends.base import Segment, Target
-from edgepilot.models.tflite_gen import write_int8_fc_tflite
+from edgepilot.formats.tflite_gen import write_int8_fc_tflite
 
 
 def test_int8_fc_runs_alike_on_litert_and_armnn(tmp_path: Path) -> None:

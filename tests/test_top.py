@@ -25,7 +25,7 @@ from daemon_proc import DaemonProcess, free_port
 from models_fixtures import gguf_path, module_tmp  # noqa: F401 - fixtures
 from mqtt_fixtures import Broker, Recorder, broker, wait_for  # noqa: F401 - fixtures
 
-from edgepilot.models.onnx_gen import mlp_stack
+from edgepilot.formats.onnx_gen import mlp_stack
 from edgepilot.top.app import TopApp
 
 ZONES = "/sys/devices/virtual/thermal"

@@ -47,8 +47,8 @@ from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
 from edgepilot.dispatch.profiler import Progress
 from edgepilot.errors import ModelError
-from edgepilot.models import files
-from edgepilot.models.gguf_info import read_gguf_info
+from edgepilot.formats import files
+from edgepilot.formats.gguf_info import read_gguf_info
 
 log = logging.getLogger(__name__)
 @dataclass

@@ -20,7 +20,7 @@ from edgepilot.backends.llamacpp import LLAMA_THREAD, LlamaCppBackend
 from edgepilot.dispatch.gguf_live import NOISY_SPREAD
 from edgepilot.dispatch.gguf_select import Measurement, spread
 from edgepilot.errors import BackendError
-from edgepilot.models.gguf_info import GgufInfo
+from edgepilot.formats.gguf_info import GgufInfo
 
 ROUNDS = 7
 # noisy rounds are measured again, ROUNDS at a time, up to this many

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgepilot.errors import PlanError
-from edgepilot.models.gguf_info import COMPUTE_OVERHEAD_BYTES, GgufInfo
+from edgepilot.formats.gguf_info import COMPUTE_OVERHEAD_BYTES, GgufInfo
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from onnx import helper
 from edgepilot.dispatch.onnx_shapes import TensorInfo
 from edgepilot.dispatch.partition import Node
 from edgepilot.errors import PlanError
-from edgepilot.models.onnx_graph import implicit_inputs, subgraphs
+from edgepilot.formats.onnx_graph import implicit_inputs, subgraphs
 
 # rough per-element costs for non-GEMM ops, so their layers are not "free" to the coalescer
 _ELEMENTWISE_COST = {"Softmax": 5, "LayerNormalization": 8, "Gelu": 8, "Erf": 8, "Exp": 4,

@@ -1,5 +1,5 @@
 """TFLite graphs as partitioner nodes, read through the flatbuffer helpers
-(:mod:`edgepilot.models.tflite_graph`); FLOPs for the GEMM/conv operators, sizes from shapes.
+(:mod:`edgepilot.formats.tflite_graph`); FLOPs for the GEMM/conv operators, sizes from shapes.
 
 A file's tensors carry the shapes of its default input shapes (batch 1 for a file whose
 ``shape_signature`` leaves the batch dynamic). For other input shapes, the sizes come from the
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot.dispatch.partition import Node
-from edgepilot.models import tflite_graph
+from edgepilot.formats import tflite_graph
 
 _ITEMSIZE = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1,
              "INT16": 2, "INT8": 1, "FLOAT64": 8}
@@ -48,7 +48,7 @@ def read_tflite(path: Path, shapes: Mapping[str, tuple[int, ...]] | None = None
     """Operators in file order, model inputs/outputs and bytes per tensor name."""
     model = tflite_graph.load(path)
     sg = model.subgraphs[0]
-    types = {v: k for k, v in vars(tflite_graph._schema().TensorType).items()
+    types = {v: k for k, v in vars(tflite_graph.schema().TensorType).items()
              if not k.startswith("_")}
     shapes_now: dict[str, list[int]] = {tflite_graph._name(t): _shape(t) for t in sg.tensors}
     if shapes and dict(shapes) != default_shapes(path):

@@ -42,7 +42,7 @@ from edgepilot.dispatch.signature import Shapes, resolve_shapes, signature_of
 from edgepilot.dispatch.targets import reference_target
 from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
-from edgepilot.models.io import tensor_specs
+from edgepilot.formats.io import tensor_specs
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from edgepilot.config import Config
 from edgepilot.dispatch.signature import Shapes, resolve_shapes
 from edgepilot.errors import NotFoundError
-from edgepilot.models.io import tensor_specs
+from edgepilot.formats.io import tensor_specs
 
 PLANNED_KINDS = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}
 

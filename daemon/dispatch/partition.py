@@ -25,7 +25,7 @@ import numpy as np
 
 from edgepilot.backends.base import ModelKind, Segment
 from edgepilot.errors import ModelError, PlanError
-from edgepilot.models import files
+from edgepilot.formats import files
 
 # TFLite operators that keep state across invocations inside the interpreter
 STATEFUL_TFLITE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
@@ -226,7 +226,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     if kind == "onnx":
         from edgepilot.dispatch.graph_onnx import nodes_of
         from edgepilot.dispatch.onnx_shapes import concrete_graph
-        from edgepilot.models.io import tensor_specs
+        from edgepilot.formats.io import tensor_specs
 
         if shapes is None:
             from edgepilot.dispatch.signature import resolve_shapes

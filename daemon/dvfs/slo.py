@@ -91,7 +91,7 @@ class SloPicker:
     def _key(self, path: Path, names: list[str]) -> str:
         from edgepilot.dispatch.plan_cache import cache_key
         from edgepilot.dispatch.targets import board_id, runtime_versions
-        from edgepilot.models.files import sha256_of
+        from edgepilot.formats.files import sha256_of
 
         manager = self.daemon.profiles
         profiles = manager.profiles()

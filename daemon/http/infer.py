@@ -26,9 +26,9 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from edgepilot.errors import BackendError, CommandError, NotFoundError, PlanError
-from edgepilot.models.io import tensor_specs
-from edgepilot.models.registry import ModelRegistry
-from edgepilot.models.tensors import ALLOWED_DTYPES, check_inputs
+from edgepilot.formats.io import tensor_specs
+from edgepilot.serving.registry import ModelRegistry
+from edgepilot.formats.tensors import ALLOWED_DTYPES, check_inputs
 
 log = logging.getLogger(__name__)
 router = APIRouter()

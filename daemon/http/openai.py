@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from edgepilot.commands import error_body
 from edgepilot.errors import CommandError
-from edgepilot.models.registry import LoadedModel, ModelRegistry
+from edgepilot.serving.registry import LoadedModel, ModelRegistry
 from edgepilot.telemetry.work import Request as WorkRequest
 
 router = APIRouter()

@@ -91,10 +91,10 @@ def tensor_memory(path: Path, kind: str) -> TensorMemory:
 
 
 def _tflite(path: Path) -> TensorMemory:
-    from edgepilot.models import tflite_graph
+    from edgepilot.formats import tflite_graph
 
     model = tflite_graph.load(path)
-    names = {v: k for k, v in vars(tflite_graph._schema().TensorType).items()
+    names = {v: k for k, v in vars(tflite_graph.schema().TensorType).items()
              if not k.startswith("_")}
 
     def buffer_bytes(index: int) -> int:

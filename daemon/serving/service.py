@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from edgepilot.commands import NoParams
 from edgepilot.config import Config
 from edgepilot.errors import ConfigError, EdgepilotError
-from edgepilot.models import files
-from edgepilot.models.registry import ModelRegistry
+from edgepilot.formats import files
+from edgepilot.serving.registry import ModelRegistry
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
@@ -58,7 +58,7 @@ class ModelsService:
         cfg = self.daemon.config
         self.daemon.set_ready("models", "loading models")
         if cfg.daemon.demo_models and not cfg.models:
-            from edgepilot.models.demo import ensure_demo_models
+            from edgepilot.formats.demo import ensure_demo_models
 
             self.registry.extra = await self.daemon.run_blocking(
                 ensure_demo_models, self.daemon.model_dir)

@@ -23,7 +23,7 @@ _cache_lock = threading.Lock()
 _cache: dict[tuple[str, int, int], Any] = {}
 
 
-def _schema() -> Any:
+def schema() -> Any:
     try:
         from ai_edge_litert import schema_py_generated
     except ImportError:  # tflite_runtime ships no schema; the one in tensorflow is the same
@@ -42,7 +42,7 @@ def load(path: Path) -> Any:
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelError(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)",
                          field="file")
-    model = _schema().ModelT.InitFromPackedBuf(data, 0)
+    model = schema().ModelT.InitFromPackedBuf(data, 0)
     with _cache_lock:
         _cache.clear()  # one model at a time is enough; these are re-read rarely
         _cache[key] = model
@@ -85,7 +85,7 @@ def layers(path: Path) -> list[Layer]:
     """The main subgraph's operators in execution order."""
     model = load(path)
     sg = model.subgraphs[0]
-    names = {v: k for k, v in vars(_schema().BuiltinOperator).items() if not k.startswith("_")}
+    names = {v: k for k, v in vars(schema().BuiltinOperator).items() if not k.startswith("_")}
     out = []
     for i, op in enumerate(sg.operators or []):
         code = model.operatorCodes[op.opcodeIndex]
@@ -139,7 +139,7 @@ def cut(path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bytes:
     """A new model computing ``outputs`` from ``inputs`` with only the operators needed."""
     model = load(path)
     # work on a private copy: the cached object is shared
-    model = _schema().ModelT.InitFromPackedBuf(pack(model), 0)
+    model = schema().ModelT.InitFromPackedBuf(pack(model), 0)
     sg = model.subgraphs[0]
     index = {_name(t): i for i, t in enumerate(sg.tensors)}
     for role, names in (("inputs", inputs), ("outputs", outputs)):
@@ -216,5 +216,5 @@ def is_quantized(path: Path) -> bool:
     """True when the main subgraph's model inputs are int8/uint8 (a fully quantized model)."""
     model = load(path)
     sg = model.subgraphs[0]
-    tt = _schema().TensorType
+    tt = schema().TensorType
     return any(sg.tensors[i].type in (tt.INT8, tt.UINT8) for i in _ints(sg.inputs))

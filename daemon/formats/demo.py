@@ -7,8 +7,8 @@ from pathlib import Path
 
 from edgepilot.config import ModelEntry
 from edgepilot.errors import ConfigError
-from edgepilot.models import files
-from edgepilot.models.gguf_gen import GgufSpec, write_gguf
+from edgepilot.formats import files
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def ensure_demo_models(model_dir: Path) -> list[ModelEntry]:
     """Generate the demo models when ``model_dir`` holds no model; return entries for them.
 
     Takes well under a second: the GGUF is a 2-block, 64-wide random llama (Q8_0), the ONNX
-    model a small MLP stack from :mod:`edgepilot.models.onnx_gen`.
+    model a small MLP stack from :mod:`edgepilot.formats.onnx_gen`.
     """
     if model_files(model_dir):
         return []
@@ -38,7 +38,7 @@ def ensure_demo_models(model_dir: Path) -> list[ModelEntry]:
                           "--model-dir or [daemon] model_dir at a writable directory",
                           field="daemon.model_dir") from None
     gguf = write_gguf(model_dir / DEMO_GGUF, GgufSpec(n_layers=2, n_embd=64, n_ff=128))
-    from edgepilot.models.onnx_gen import mlp_stack
+    from edgepilot.formats.onnx_gen import mlp_stack
 
     onnx_path = model_dir / DEMO_ONNX
     mlp_stack(onnx_path, widths=(64, 128, 128, 64), batch=1)

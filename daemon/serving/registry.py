@@ -3,7 +3,7 @@
 Models come from ``[[models]]`` config entries and from files dropped in the model dir (named by
 their stem). Loading verifies the file (inside the model dir, sha256 when pinned), estimates its
 memory (GGUF: weights + KV cache; ONNX/TFLite: model + packed weights + peak activations, see
-:mod:`edgepilot.models.memory`) against the budget, and compiles it whole on its default
+:mod:`edgepilot.formats.memory`) against the budget, and compiles it whole on its default
 target. Resident models are unloaded after their keep-alive of idleness and reloaded on the next
 request. Every request to a device goes through that device's :class:`DeviceQueue`.
 """
@@ -25,10 +25,10 @@ from edgepilot.backends import load_backend
 from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
 from edgepilot.config import Config, ModelEntry
 from edgepilot.errors import BackendError, ModelError, NotFoundError
-from edgepilot.models import files
-from edgepilot.models.io import tensor_specs
-from edgepilot.models.memory import tensor_memory
-from edgepilot.models.queue import DeviceQueue, ThreadHold
+from edgepilot.formats import files
+from edgepilot.formats.io import tensor_specs
+from edgepilot.formats.memory import tensor_memory
+from edgepilot.serving.queue import DeviceQueue, ThreadHold
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon
@@ -210,7 +210,7 @@ class ModelRegistry:
         offload and threads when one is planned or cached, and hand the loaded model to the
         plan, which sets its thread count per request and watches its decode speed."""
         from edgepilot.backends.llamacpp import LlamaCppBackend
-        from edgepilot.models.gguf_info import read_gguf_info
+        from edgepilot.formats.gguf_info import read_gguf_info
 
         info = read_gguf_info(model.path)
         llama = self.backend("llamacpp")

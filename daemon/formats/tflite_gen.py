@@ -14,14 +14,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from edgepilot.models.tflite_graph import _schema, pack
+from edgepilot.formats.tflite_graph import schema, pack
 
 
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
                      seed: int = 0, head: Literal["logistic", "log_softmax"] = "logistic"
                      ) -> Path:
     """Write ``x[batch,width] -> (FC+RELU)×depth -> ADD(residual) -> head -> y``."""
-    s = _schema()
+    s = schema()
     rng = np.random.default_rng(seed)
     model = s.ModelT()
     model.version = 3
@@ -130,7 +130,7 @@ def write_int8_fc_tflite(path: Path, *, width: int = 16, batch: int = 1,
                          seed: int = 0) -> QuantFc:
     """Write one fully int8 FULLY_CONNECTED (int8 in/out, int8 weights, int32 bias), the way
     a post-training-quantized model stores it: the probe for int8 TFLite / Arm NN targets."""
-    s = _schema()
+    s = schema()
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
     b = rng.standard_normal(width).astype(np.float32) * 0.1

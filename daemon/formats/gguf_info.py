@@ -1,6 +1,6 @@
 """What a GGUF file needs in memory, read from its header before anything is loaded.
 
-The header is read by :mod:`edgepilot.models.gguf_header` without the tokenizer's tables, so
+The header is read by :mod:`edgepilot.formats.gguf_header` without the tokenizer's tables, so
 this costs milliseconds, not the seconds a full ``gguf.GGUFReader`` parse takes.
 
 Weights are the sum of the tensor bytes in the file; the KV cache is
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgepilot.errors import ModelError
-from edgepilot.models.gguf_header import read_header
+from edgepilot.formats.gguf_header import read_header
 
 # bytes per element of the KV cache types llama.cpp offers (q8_0/q4_0 are 32-element blocks)
 KV_BYTES: dict[str, float] = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}

@@ -9,7 +9,7 @@ import numpy as np
 
 from edgepilot.backends.base import TensorSpec
 from edgepilot.errors import ModelError
-from edgepilot.models import tflite_graph
+from edgepilot.formats import tflite_graph
 
 _TFLITE_DTYPES = {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8",
                   "INT64": "int64", "INT16": "int16", "INT8": "int8", "BOOL": "bool",
@@ -69,7 +69,7 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
 def _tflite_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     model = tflite_graph.load(path)
     sg = model.subgraphs[0]
-    names = {v: k for k, v in vars(tflite_graph._schema().TensorType).items()
+    names = {v: k for k, v in vars(tflite_graph.schema().TensorType).items()
              if not k.startswith("_")}
 
     def spec(i: int) -> TensorSpec:
