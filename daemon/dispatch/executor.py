@@ -91,6 +91,31 @@ class CompiledPlan:
             out = {o: out[o] for o in self.outputs}
         return out, times
 
+    def step(self, k: int, env: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+        """Run segment ``k`` alone on the tensors produced so far: (its outputs, wall ms).
+
+        The serving layer runs a plan one segment at a time, holding each segment's device only
+        while that segment runs; SegmentFault names the failing target."""
+        seg = self.segments[k]
+        feed = env if isinstance(env, dict) else dict(env)
+        t0 = time.perf_counter()
+        try:
+            out = seg.exe.run(feed)
+        except EdgepilotError as exc:
+            raise SegmentFault(f"segment {k} on {seg.target} failed: {exc.message}",
+                               target=seg.target, segment=k) from exc
+        except Exception as exc:  # a runtime's own exception types; never lose the target
+            raise SegmentFault(f"segment {k} on {seg.target} failed: {type(exc).__name__}: {exc}",
+                               target=seg.target, segment=k) from exc
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def collect(self, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The plan's outputs out of everything its segments produced."""
+        missing = [o for o in self.outputs if o not in env]
+        if missing:
+            raise BackendError(f"plan produced no {', '.join(missing)}; replan the model")
+        return {o: env[o] for o in self.outputs}
+
     @property
     def memory_bytes(self) -> int:
         return sum(s.exe.memory_bytes for s in self.segments)

@@ -334,27 +334,52 @@ class ModelDispatch:
             return self.replan(reason)
 
     # ---- serving ------------------------------------------------------------------------------
+    def current(self) -> tuple[CompiledPlan, Plan] | None:
+        """The plan to serve on now and its executables; None before the first plan.
+
+        Lock-free on purpose: the event loop calls it per request while a replan may hold the
+        lock for seconds in a worker thread (the two attributes are swapped together by
+        ``_install`` and a request that sees the old pair finishes on it)."""
+        compiled, plan = self.compiled, self.plan
+        if compiled is None or plan is None:
+            return None
+        return compiled, plan
+
+    def attempts(self) -> int:
+        """How many times a request is tried: once per target that may be excluded, plus one."""
+        return len(self.targets) + 1
+
+    def fault(self, fault: SegmentFault, plan_hash: str) -> None:
+        """A segment failed: report it, exclude its target and replan (blocking)."""
+        log.warning("model %s: %s; excluding %s and replanning", self.name, fault.message,
+                    fault.target)
+        self.emit("backend.fault", model=self.name, target=fault.target, message=fault.message,
+                  plan=plan_hash)
+        self._exclude(fault.target, plan_hash)
+
+    def observe(self, compiled: CompiledPlan, times: list[float]) -> None:
+        """Feed one request's per-segment times to the monitor; replans on drift (blocking)."""
+        with self._lock:
+            drifted = self.monitor.observe(times) if compiled is self.compiled else []
+            if drifted:
+                self._on_drift(drifted)
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
-        """Serve one request; a failing target is excluded and the request retried."""
+        """Serve one request in this thread (CLI, bench); a failing target is excluded and the
+        request retried. The daemon serves through the serving layer instead, which runs the
+        same steps one segment at a time under each segment's device queue."""
         if self.compiled is None:
             self.prepare()
-        for _ in range(len(self.targets) + 1):
-            with self._lock:
-                compiled, plan = self.compiled, self.plan
-            assert compiled is not None and plan is not None
+        for _ in range(self.attempts()):
+            current = self.current()
+            assert current is not None
+            compiled, plan = current
             try:
                 outputs, times = compiled.run(inputs)
             except SegmentFault as fault:
-                log.warning("model %s: %s; excluding %s and replanning", self.name,
-                            fault.message, fault.target)
-                self.emit("backend.fault", model=self.name, target=fault.target,
-                          message=fault.message, plan=plan.hash)
-                self._exclude(fault.target, plan.hash)
+                self.fault(fault, plan.hash)
                 continue
-            with self._lock:
-                drifted = self.monitor.observe(times) if compiled is self.compiled else []
-                if drifted:
-                    self._on_drift(drifted)
+            self.observe(compiled, times)
             return outputs, plan.hash
         raise PlanError(f"model {self.name}: every target failed for this request; "
                         "see the backend.fault events", field="model")
