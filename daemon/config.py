@@ -250,6 +250,10 @@ class ModelEntry(Section):
     input_shapes: dict[str, list[int]] | None = Field(
         None, description="Input shapes to plan for, e.g. { x = [1, 3, 320, 320] } (needed "
         "for inputs with dynamic dims unless the first request sets them); each dim 1..2^24.")
+    max_batch: int = Field(1, ge=1, le=1024, description="Concurrent requests coalesced into "
+                           "one run along the batch dimension (1: no dynamic batching).")
+    batch_wait_ms: float = Field(2.0, ge=0, le=10_000, description="How long the first "
+                                 "request of a batch waits for others to join it.")
 
     @field_validator("input_shapes")
     @classmethod
