@@ -228,6 +228,24 @@ class Dispatcher:
                      name, k[1], limit)
             del dropped
 
+    def resident(self) -> list[tuple[tuple[str, str], int]]:
+        """Compiled plan executables held now, least recently used first: ((model,
+        signature), bytes). They count against the serving layer's memory budget."""
+        with self._lock:
+            return [(k, md.compiled.memory_bytes) for k, md in self._models.items()
+                    if isinstance(md, ModelDispatch) and md.compiled is not None]
+
+    def drop(self, key: tuple[str, str], reason: str) -> bool:
+        """Drop the plan state of (model, signature) and its executables (memory pressure);
+        its next request is served whole while the plan is made again (from the plan cache)."""
+        with self._lock:
+            dropped = self._models.pop(key, None)
+            self._recent.pop(key, None)
+        if dropped is None:
+            return False
+        log.info("model %s: dropping the plan for shapes %s (%s)", key[0], key[1] or "-", reason)
+        return True
+
     def latest(self, name: str) -> AnyDispatch:
         """The most recently used plan of ``name``, else the one for its configured shapes."""
         with self._lock:
