@@ -9,6 +9,8 @@ segment without silent fallback (:meth:`Backend.supports`), compile a segment fo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -91,6 +93,12 @@ class Executable(ABC):
     target: Target
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
+    # requests that may run inside it at once (llama.cpp's parallel sequences); 1 means the
+    # serving layer holds the device for the whole call
+    max_concurrency: int = 1
+    # set by the serving layer on executables that run several requests at once: entered
+    # around each native step, so other work on the same device interleaves between steps
+    step_guard: Callable[[], AbstractContextManager[None]] | None = None
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -84,3 +84,10 @@ class BusyError(EdgepilotError):
 
     code = "busy"
     http_status = 503
+
+
+class DeadlineExceeded(EdgepilotError):
+    """A request's deadline passed before it could run; nothing was computed for it."""
+
+    code = "deadline_exceeded"
+    http_status = 504

@@ -4,8 +4,10 @@ Models come from ``[[models]]`` config entries and from files dropped in the mod
 their stem). Loading verifies the file (inside the model dir, sha256 when pinned), estimates its
 memory (GGUF: weights + KV cache; ONNX/TFLite: model + packed weights + peak activations, see
 :mod:`edgepilot.formats.memory`) against the budget, and compiles it whole on its default
-target. Resident models are unloaded after their keep-alive of idleness and reloaded on the next
-request. Every request to a device goes through that device's :class:`DeviceQueue`.
+target. Compiled plan executables count against the same budget: a load that does not fit
+first evicts what is idle, least recently used first (a log line each), and is refused with the
+numbers only when that is not enough. Resident models are unloaded after their keep-alive of
+idleness and reloaded on the next request.
 """
 
 from __future__ import annotations
@@ -13,27 +15,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-import numpy as np
 import psutil
 
-from edgepilot.backends import load_backend
+from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
+from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config, ModelEntry
+from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.gguf_dispatch import GgufDispatch
 from edgepilot.errors import BackendError, ModelError, NotFoundError
 from edgepilot.formats import files
+from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 from edgepilot.formats.io import tensor_specs
 from edgepilot.formats.memory import tensor_memory
-from edgepilot.serving.queue import DeviceQueue, ThreadHold
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
+from edgepilot.serving.devices import DeviceQueues
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+RunBlocking = Callable[..., Awaitable[Any]]
 MiB = 1024 * 1024
 # how long a measurement waits for the devices before giving up (requests keep them busy)
 HOLD_TIMEOUT_S = 300.0
@@ -65,28 +70,31 @@ class LoadedModel:
     # set on every release: unload waits on it until in_use is 0
     released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    @property
-    def device(self) -> str:
-        t = self.executable.target
-        return f"{t.backend}/{t.device}"
 
 
 class ModelRegistry:
-    """Entries, resident models, per-device queues. Async methods run on the daemon loop."""
+    """Entries, resident models, the memory budget. Async methods run on the daemon loop."""
 
-    def __init__(self, daemon: Daemon, extra: list[ModelEntry] | None = None) -> None:
-        self.daemon = daemon
-        self.extra = list(extra or [])
+    def __init__(self, config: Config, *, backends: BackendSet, devices: DeviceQueues,
+                 emit: Callable[..., None], run_blocking: RunBlocking,
+                 dispatcher: Dispatcher | None = None,
+                 loop: Callable[[], asyncio.AbstractEventLoop | None] | None = None) -> None:
+        self.config = config
+        self.backends = backends
+        self.devices = devices
+        self.emit = emit
+        self.run_blocking = run_blocking
+        # plan executables (their memory, LRU eviction) and GGUF plans (load settings)
+        self.dispatcher = dispatcher
+        self._loop = loop or (lambda: None)
+        self.extra: list[ModelEntry] = []   # demo models, when the config names none
         self.loaded: dict[str, LoadedModel] = {}
         self.errors: dict[str, str] = {}
-        self._backends: dict[str, Backend | None] = {}
-        self._backend_errors: dict[str, str] = {}
-        self._queues: dict[str, DeviceQueue] = {}
         self._load_locks: dict[str, asyncio.Lock] = {}
 
     @property
-    def config(self) -> Config:
-        return self.daemon.config  # type: ignore[no-any-return]
+    def model_dir(self) -> Path:
+        return self.config.model_dir
 
     # ---- what exists ---------------------------------------------------------------------------
     def entries(self) -> dict[str, ModelEntry]:
@@ -94,7 +102,7 @@ class ModelRegistry:
         configured = list(self.config.models)
         names = {e.name for e in configured}
         configured += [e for e in self.extra if e.name not in names]
-        return files.discover(self.daemon.model_dir, configured)
+        return files.discover(self.model_dir, configured)
 
     def entry(self, name: str) -> ModelEntry:
         entries = self.entries()
@@ -106,13 +114,11 @@ class ModelRegistry:
 
     def resolve(self, name: str) -> files.ResolvedModel:
         """The model's file (inside the model dir) and kind; NotFound/ModelError otherwise."""
-        return files.resolve(self.daemon.model_dir, self.entry(name))
+        return files.resolve(self.model_dir, self.entry(name))
 
     def resolve_path(self, name: str) -> Path:
-        """The verified file of ``name`` (inside the model dir, sha256 checked when pinned).
-
-        This is what other components (the dispatcher) use to find a model's file.
-        """
+        """The verified file of ``name`` (inside the model dir, sha256 checked when pinned);
+        the dispatcher finds models through this."""
         model = self.resolve(name)
         files.verify(model)
         return model.path
@@ -138,91 +144,102 @@ class ModelRegistry:
 
     # ---- backends ------------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
-        """Backend instance by name (built once with its config section)."""
-        if name not in self._backends:
-            enabled = self.config.backends.enabled
-            try:
-                if enabled is not None and name not in enabled:
-                    raise BackendUnavailable(f"backend {name!r} is not in [backends] enabled")
-                self._backends[name] = load_backend(name, getattr(self.config.backends, name))
-            except BackendUnavailable as exc:
-                self._backends[name] = None
-                self._backend_errors[name] = exc.message
-        backend = self._backends[name]
-        if backend is None:
-            raise BackendUnavailable(self._backend_errors[name], field="backend")
-        return backend
-
-    def reset_backends(self) -> None:
-        """Forget backend instances (their config sections changed); rebuilt on next use."""
-        self._backends.clear()
-        self._backend_errors.clear()
+        """Backend instance by name (one per runtime, shared with the dispatcher)."""
+        return self.backends.get(name)
 
     def backend_names(self) -> list[str]:
         """Installed, enabled backends (for status)."""
-        from edgepilot.backends import BACKENDS
+        return self.backends.names()
 
-        names = []
-        for name in BACKENDS:
-            try:
-                self.backend(name)
-                names.append(name)
-            except BackendUnavailable:
-                continue
-        return names
-
-    def queue(self, device: str) -> DeviceQueue:
-        if device not in self._queues:
-            self._queues[device] = DeviceQueue(device, self.config.http.max_queue)
-        return self._queues[device]
-
-    # ---- loading -------------------------------------------------------------------------------
+    # ---- memory --------------------------------------------------------------------------------
     def budget_bytes(self) -> int:
         mb = self.config.backends.memory_budget_mb
         if mb:
             return mb * MiB
         # what we hold is already missing from "available"; count it back in
-        held = sum(m.memory_bytes for m in self.loaded.values())
-        return int(0.8 * (psutil.virtual_memory().available + held))
+        return int(0.8 * (psutil.virtual_memory().available + self.held_bytes()))
 
-    def _check_budget(self, name: str, need: int, detail: str) -> None:
-        held = sum(m.memory_bytes for n, m in self.loaded.items() if n != name)
-        budget = self.budget_bytes()
-        if held + need > budget:
-            raise ModelTooLarge(
-                f"model {name!r} needs ~{need / MiB:.1f} MiB ({detail}); {held / MiB:.1f} MiB "
-                f"already loaded and the budget is {budget / MiB:.1f} MiB; unload a model, "
-                "lower n_ctx, or raise [backends] memory_budget_mb", field="model")
+    def _plans(self) -> list[tuple[tuple[str, str], int]]:
+        return self.dispatcher.resident() if self.dispatcher is not None else []
 
-    def _compile(self, model: files.ResolvedModel) -> tuple[Executable, int]:
-        """Blocking: verify, estimate, compile whole on the default target."""
+    def held_bytes(self, but: str | None = None) -> int:
+        """Memory of every resident executable: whole models and plan segments."""
+        return (sum(m.memory_bytes for n, m in self.loaded.items() if n != but)
+                + sum(b for _, b in self._plans()))
+
+    def _estimate(self, model: files.ResolvedModel) -> tuple[int, str]:
+        """Blocking: the memory a whole-model load needs, and how that was counted."""
         files.verify(model)
         if model.kind == "gguf":
-            return self._compile_gguf(model)
+            info = read_gguf_info(model.path)
+            llama = self._llama()
+            n_ctx = model.entry.n_ctx or llama.settings.n_ctx
+            kv = llama.settings.kv_cache_type
+            return info.estimate_bytes(n_ctx, kv), (
+                f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
+                f"{info.kv_bytes(n_ctx, kv) / MiB:.1f} MiB = 2 x {info.n_layers} layers x "
+                f"{n_ctx} ctx x {info.n_kv_heads} kv_heads x {info.head_dim} head_dim x {kv}")
         memory = tensor_memory(model.path, model.kind)  # model + packed weights + activations
-        need = memory.total_bytes
-        self._check_budget(model.name, need, memory.detail())
-        exe = self.compile_whole(model)
-        return exe, max(need, exe.memory_bytes)
+        return memory.total_bytes, memory.detail()
 
-    def _compile_gguf(self, model: files.ResolvedModel) -> tuple[Executable, int]:
-        """Blocking: estimate from the header, check the budget, load with the GGUF plan's
-        offload and threads when one is planned or cached, and hand the loaded model to the
-        plan, which sets its thread count per request and watches its decode speed."""
-        from edgepilot.backends.llamacpp import LlamaCppBackend
-        from edgepilot.formats.gguf_info import read_gguf_info
+    async def _make_room(self, name: str, need: int, detail: str) -> None:
+        """Evict idle executables (least recently used first) until ``need`` fits the budget;
+        ModelTooLarge with the numbers when it cannot."""
+        while True:
+            budget = self.budget_bytes()
+            held = self.held_bytes(but=name)
+            if held + need <= budget:
+                return
+            victim = self._idle_lru(name)
+            if victim is None:
+                raise ModelTooLarge(
+                    f"model {name!r} needs ~{need / MiB:.1f} MiB ({detail}); {held / MiB:.1f} "
+                    f"MiB already loaded and the budget is {budget / MiB:.1f} MiB; unload a "
+                    "model, lower n_ctx, or raise [backends] memory_budget_mb", field="model")
+            model, sig, size, idle = victim
+            what = f"model {model}" if sig is None else f"the plan of {model} for {sig or '-'}"
+            log.info("memory budget: evicting %s (%.1f MiB, idle %.0f s) to load %s", what,
+                     size / MiB, idle, name)
+            if sig is None:
+                await self.unload(model, reason="memory_budget")
+            elif self.dispatcher is not None:
+                self.dispatcher.drop((model, sig), reason=f"memory budget, to load {name}")
 
-        info = read_gguf_info(model.path)
+    def _idle_lru(self, but: str) -> tuple[str, str | None, int, float] | None:
+        """The idle executable used longest ago: whole models first by last use, then the
+        dispatcher's least recently used plan."""
+        now = time.monotonic()
+        idle = sorted(((lm.last_used, n, lm) for n, lm in self.loaded.items()
+                       if n != but and lm.in_use == 0), key=lambda t: t[0])
+        if idle:
+            last, n, lm = idle[0]
+            return n, None, lm.memory_bytes, now - last
+        plans = [(k, b) for k, b in self._plans() if k[0] != but]
+        if plans:
+            (model, sig), size = plans[0]
+            return model, sig, size, 0.0
+        return None
+
+    # ---- loading -------------------------------------------------------------------------------
+    def _llama(self) -> LlamaCppBackend:
         llama = self.backend("llamacpp")
         assert isinstance(llama, LlamaCppBackend)
+        return llama
+
+    def _compile(self, model: files.ResolvedModel) -> Executable:
+        """Blocking: compile whole on the default target (GGUF: with its plan's settings)."""
+        if model.kind == "gguf":
+            return self._open_gguf(model)
+        return self.compile_whole(model)
+
+    def _open_gguf(self, model: files.ResolvedModel) -> Executable:
+        """Load with the GGUF plan's offload and threads when one is planned or cached, and
+        hand the loaded model to the plan, which sets its thread count per request and watches
+        its decode speed."""
+        info: GgufInfo = read_gguf_info(model.path)
+        llama = self._llama()
         n_ctx = model.entry.n_ctx or llama.settings.n_ctx
-        kv = llama.settings.kv_cache_type
-        need = info.estimate_bytes(n_ctx, kv)
-        self._check_budget(model.name, need, (
-            f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
-            f"{info.kv_bytes(n_ctx, kv) / MiB:.1f} MiB = 2 x {info.n_layers} layers x "
-            f"{n_ctx} ctx x {info.n_kv_heads} kv_heads x {info.head_dim} head_dim x {kv}"))
-        gd = self._gguf_dispatch(model.name)
+        gd = self._gguf_plan(model.name)
         plan = None
         if gd is not None:
             try:
@@ -233,25 +250,19 @@ class ModelRegistry:
         if plan is None:
             exe = llama.open(model.path, n_ctx=n_ctx, info=info)
         else:
-            # the dispatcher measured this board: load with the plan's offload and threads
             exe = llama.open(model.path, n_ctx=n_ctx, n_gpu_layers=plan.n_gpu_layers, info=info)
             exe.set_threads(plan.n_threads)
             log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
                      plan.n_threads, plan.n_gpu_layers)
         if gd is not None:
             gd.serve(exe)
-        return exe, need
+        return exe
 
-    def _gguf_dispatch(self, name: str) -> Any:
-        """The dispatcher's GGUF plan state for ``name`` (a ``GgufDispatch``), or None when
-        dispatch is off or the model cannot be planned."""
-        from edgepilot.dispatch.gguf_dispatch import GgufDispatch
-
-        dispatcher = getattr(self.daemon, "dispatcher", None)
-        if dispatcher is None or not self.config.dispatch.enabled:
+    def _gguf_plan(self, name: str) -> GgufDispatch | None:
+        if self.dispatcher is None or not self.config.dispatch.enabled:
             return None
         try:
-            md = dispatcher.get(name)
+            md = self.dispatcher.get(name)
         except Exception as exc:  # planning state is optional; the model still loads
             log.warning("no GGUF plan for %s (%s); loading with the configured settings",
                         name, exc)
@@ -260,24 +271,23 @@ class ModelRegistry:
 
     def hold_devices(self) -> AbstractContextManager[Any]:
         """For the daemon's own measurements, from a worker thread: hold every device queue
-        (llama.cpp's CPU one included) for the body of a ``with``, so that no request runs
-        while a round is timed (the cores are shared by every runtime). A no-op outside a
-        running daemon (CLI) and on the loop's own thread, which must never block."""
-        try:
-            loop = self.daemon.loop
-        except RuntimeError:
+        for the body of a ``with``, so that no request runs while a round is timed (the cores
+        are shared by every runtime). A no-op outside a running daemon (CLI) and on the loop's
+        own thread, which must never block."""
+        loop = self._loop()
+        if loop is None or not loop.is_running():
             return nullcontext()
         try:
-            on_loop = asyncio.get_running_loop() is loop
+            if asyncio.get_running_loop() is loop:
+                return nullcontext()
         except RuntimeError:
-            on_loop = False
-        if on_loop or not loop.is_running():
-            return nullcontext()
+            pass
+        return self._hold_all()
 
-        def queues() -> list[DeviceQueue]:  # runs on the loop
-            return [self.queue(n) for n in sorted({*self._queues, "llamacpp/cpu"})]
-
-        return ThreadHold(loop, queues, HOLD_TIMEOUT_S)
+    @contextmanager
+    def _hold_all(self) -> Iterator[None]:
+        with self.devices.hold_all(HOLD_TIMEOUT_S):
+            yield
 
     def default_target(self, model: files.ResolvedModel) -> tuple[Backend, Target, Segment]:
         """First installed target that runs the whole model (see DEFAULT_TARGETS)."""
@@ -315,16 +325,18 @@ class ModelRegistry:
             model = self.resolve(name)
             started = time.monotonic()
             try:
-                exe, need = await self.daemon.run_blocking(self._compile, model)
+                need, detail = await self.run_blocking(self._estimate, model)
+                await self._make_room(name, need, detail)
+                exe = await self.run_blocking(self._compile, model)
             except (ModelError, BackendError) as exc:
                 self.errors[name] = exc.message
                 raise
             self.errors.pop(name, None)
+            need = need if model.kind == "gguf" else max(need, exe.memory_bytes)
             lm = LoadedModel(model, exe, need)
             self.loaded[name] = lm
-            self.daemon.events.emit("model.loaded", model=name, format=model.kind,
-                                    target=str(exe.target), memory_bytes=need,
-                                    load_ms=round((time.monotonic() - started) * 1000, 1))
+            self.emit("model.loaded", model=name, format=model.kind, target=str(exe.target),
+                      memory_bytes=need, load_ms=round((time.monotonic() - started) * 1000, 1))
             return lm
 
     async def unload(self, name: str, reason: str = "request") -> bool:
@@ -341,9 +353,9 @@ class ModelRegistry:
         while lm.in_use > 0:
             lm.released.clear()
             await lm.released.wait()
-        async with self.queue(lm.device).slot():
-            await self.daemon.run_blocking(lm.executable.close)
-        self.daemon.events.emit("model.unloaded", model=name, reason=reason)
+        async with self.devices.for_target(str(lm.executable.target)).slot(limit=False):
+            await self.run_blocking(lm.executable.close)
+        self.emit("model.unloaded", model=name, reason=reason)
         return True
 
     async def acquire(self, name: str) -> LoadedModel:
@@ -357,17 +369,6 @@ class ModelRegistry:
         lm.in_use -= 1
         lm.last_used = time.monotonic()
         lm.released.set()
-
-    async def run_tensor(self, name: str, inputs: dict[str, np.ndarray]
-                         ) -> tuple[dict[str, np.ndarray], str]:
-        """Run the whole model on its default target; returns (outputs, "single:<target>")."""
-        lm = await self.acquire(name)
-        try:
-            async with self.queue(lm.device).slot():
-                outputs = await self.daemon.run_blocking(lm.executable.run, inputs)
-        finally:
-            self.release(lm)
-        return outputs, f"single:{lm.executable.target}"
 
     async def reap(self) -> list[str]:
         """Unload models idle longer than their keep-alive; returns their names."""

@@ -1,0 +1,85 @@
+"""The backends of one daemon: one instance per runtime, built on first use with its options.
+
+The registry (whole models), the dispatcher (plan segments) and the GGUF planner all take their
+backend from here, so a runtime's caches, thread pools and contexts exist once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgepilot.backends import BACKENDS, load_backend
+from edgepilot.backends.base import Backend, BackendUnavailable
+from edgepilot.errors import EdgepilotError
+
+# tensor backends only: llama.cpp plans GGUF models by n_gpu_layers, not per layer
+TENSOR_BACKENDS = ("onnxruntime", "tflite", "armnn")
+
+
+class BackendSet:
+    """Backends by name. ``options(name)`` gives a backend's options section (None: defaults);
+    ``enabled`` limits which may load (None: all installed)."""
+
+    def __init__(self, options: Callable[[str], Any], enabled: list[str] | None,
+                 cache_dir: Path | None = None) -> None:
+        self.options = options
+        self.enabled = enabled
+        self.cache_dir = cache_dir
+        self._built: dict[str, Backend | None] = {}
+        self._errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Backend:
+        """Backend ``name``; BackendUnavailable (with the reason) when disabled or missing."""
+        with self._lock:
+            if name not in self._built:
+                try:
+                    if self.enabled is not None and name not in self.enabled:
+                        raise BackendUnavailable(f"backend {name!r} is not in [backends] enabled")
+                    backend = load_backend(name, self.options(name))
+                    if self.cache_dir is not None and hasattr(backend, "cache_dir"):
+                        # quantized variants and cut segments survive restarts in the state dir
+                        backend.cache_dir = self.cache_dir / name
+                    self._built[name] = backend
+                except BackendUnavailable as exc:
+                    self._built[name] = None
+                    self._errors[name] = exc.message
+            backend = self._built[name]
+        if backend is None:
+            raise BackendUnavailable(self._errors[name], field="backend")
+        return backend
+
+    def names(self) -> list[str]:
+        """Installed, enabled backends."""
+        out = []
+        for name in BACKENDS:
+            try:
+                self.get(name)
+                out.append(name)
+            except BackendUnavailable:
+                continue
+        return out
+
+    def tensor(self, on_skip: Callable[[str, str], None] | None = None) -> dict[str, Backend]:
+        """Every enabled, installed tensor backend whose probe works (the dispatcher's)."""
+        out: dict[str, Backend] = {}
+        for name in TENSOR_BACKENDS:
+            try:
+                backend = self.get(name)
+                backend.probe()
+            except EdgepilotError as exc:
+                if on_skip is not None:
+                    on_skip(name, exc.message)
+                continue
+            out[name] = backend
+        return out
+
+    def reset(self, options: Callable[[str], Any], enabled: list[str] | None) -> None:
+        """New options (a reloaded config): instances are built again on next use."""
+        with self._lock:
+            self.options, self.enabled = options, enabled
+            self._built.clear()
+            self._errors.clear()
