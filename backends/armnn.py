@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from edgepilot.backends.armnn_options import ArmnnSection
 from edgepilot.backends.base import (
     Backend,
     BackendUnavailable,
@@ -30,7 +31,6 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
-from edgepilot.config import ArmnnSection
 from edgepilot.errors import BackendError
 from edgepilot.formats import tflite_graph
 

@@ -32,8 +32,8 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
+from edgepilot.backends.llamacpp_options import LlamacppSection
 from edgepilot.backends.native_log import route_llama_logs
-from edgepilot.config import LlamacppSection
 from edgepilot.errors import BackendError, CommandError
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 

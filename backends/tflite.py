@@ -36,7 +36,7 @@ from edgepilot.backends.base import (
     TensorSpec,
 )
 from edgepilot.backends.native_log import stderr_without
-from edgepilot.config import TfliteSection
+from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.errors import BackendError
 from edgepilot.formats import tflite_graph
 

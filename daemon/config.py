@@ -22,7 +22,15 @@ from pydantic import (
     model_validator,
 )
 
+from edgepilot.backends.armnn_options import ARMNN_DEVICES, ArmnnDevice, ArmnnSection
+from edgepilot.backends.llamacpp_options import LlamacppSection
+from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
+from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.errors import ConfigError
+
+# Backend sections live beside their backends; re-exported here so callers keep one import.
+__all__ = ["ARMNN_DEVICES", "ArmnnDevice", "ArmnnSection", "LlamacppSection",
+           "OnnxRuntimeSection", "TfliteSection"]
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgepilot/edgepilot.toml")
 
@@ -179,47 +187,6 @@ class MqttSection(Section):
     homeassistant_discovery: bool = Field(False, description="Publish Home Assistant discovery.")
     homeassistant_prefix: str = Field("homeassistant", min_length=1, max_length=64,
                                       description="Home Assistant discovery prefix.")
-
-
-class OnnxRuntimeSection(Section):
-    providers: list[str] | None = Field(
-        None, max_length=16,
-        description="Execution providers to offer as devices (default: every available one).")
-    provider_options: dict[str, dict[str, str]] = Field(
-        default_factory=dict,
-        description="Per-provider options, e.g. QNNExecutionProvider = {backend_path = ...}.")
-    intra_op_threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
-    allow_spinning: bool = Field(
-        False, description="Let idle intra-op threads spin for work (onnxruntime's default). "
-        "Off: a daemon holds many sessions (models, plan segments) next to llama.cpp, and "
-        "spinning threads of one steal the cores the next one needs.")
-
-
-class TfliteSection(Section):
-    delegates: dict[str, Path] = Field(
-        default_factory=dict, description="External delegates by device name -> .so path.")
-    threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
-
-
-ArmnnDevice = Literal["CpuAcc", "GpuAcc", "CpuRef"]
-ARMNN_DEVICES: tuple[ArmnnDevice, ...] = ("CpuAcc", "GpuAcc", "CpuRef")
-
-
-class ArmnnSection(Section):
-    preferred: list[ArmnnDevice] = Field(
-        default_factory=lambda: list(ARMNN_DEVICES), min_length=1,
-        description="Arm NN backend preference order.")
-
-
-class LlamacppSection(Section):
-    n_ctx: int = Field(2048, ge=16, le=1 << 20, description="Default context length.")
-    n_threads: int = Field(0, ge=0, le=256, description="0 = number of cores.")
-    n_gpu_layers: int = Field(0, ge=-1, le=10_000, description="-1 = all layers on the GPU.")
-    use_mmap: bool = Field(True, description="Memory-map weights.")
-    use_mlock: bool = Field(False, description="Lock weights in RAM.")
-    flash_attn: bool = Field(False, description="Use flash attention when the build has it.")
-    kv_cache_type: Literal["f16", "f32", "q8_0", "q4_0"] = Field(
-        "f16", description="KV cache element type.")
 
 
 class BackendsSection(Section):

@@ -1,0 +1,24 @@
+"""The ``[backends.armnn]`` config section, kept beside the backend that reads it.
+
+The backend imports only this model, so it never reaches up into the daemon's config;
+edgepilot.config composes it into ``[backends]``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ArmnnDevice = Literal["CpuAcc", "GpuAcc", "CpuRef"]
+ARMNN_DEVICES: tuple[ArmnnDevice, ...] = ("CpuAcc", "GpuAcc", "CpuRef")
+
+
+class ArmnnSection(BaseModel):
+    """``[backends.armnn]``: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    preferred: list[ArmnnDevice] = Field(
+        default_factory=lambda: list(ARMNN_DEVICES), min_length=1,
+        description="Arm NN backend preference order.")

@@ -1,0 +1,26 @@
+"""The ``[backends.llamacpp]`` config section, kept beside the backend that reads it.
+
+The backend imports only this model, so it never reaches up into the daemon's config;
+edgepilot.config composes it into ``[backends]``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LlamacppSection(BaseModel):
+    """``[backends.llamacpp]``: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    n_ctx: int = Field(2048, ge=16, le=1 << 20, description="Default context length.")
+    n_threads: int = Field(0, ge=0, le=256, description="0 = number of cores.")
+    n_gpu_layers: int = Field(0, ge=-1, le=10_000, description="-1 = all layers on the GPU.")
+    use_mmap: bool = Field(True, description="Memory-map weights.")
+    use_mlock: bool = Field(False, description="Lock weights in RAM.")
+    flash_attn: bool = Field(False, description="Use flash attention when the build has it.")
+    kv_cache_type: Literal["f16", "f32", "q8_0", "q4_0"] = Field(
+        "f16", description="KV cache element type.")

@@ -1,0 +1,27 @@
+"""The ``[backends.onnxruntime]`` config section, kept beside the backend that reads it.
+
+The backend imports only this model, so it never reaches up into the daemon's config;
+edgepilot.config composes it into ``[backends]``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OnnxRuntimeSection(BaseModel):
+    """``[backends.onnxruntime]``: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    providers: list[str] | None = Field(
+        None, max_length=16,
+        description="Execution providers to offer as devices (default: every available one).")
+    provider_options: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="Per-provider options, e.g. QNNExecutionProvider = {backend_path = ...}.")
+    intra_op_threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
+    allow_spinning: bool = Field(
+        False, description="Let idle intra-op threads spin for work (onnxruntime's default). "
+        "Off: a daemon holds many sessions (models, plan segments) next to llama.cpp, and "
+        "spinning threads of one steal the cores the next one needs.")

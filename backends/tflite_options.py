@@ -1,0 +1,21 @@
+"""The ``[backends.tflite]`` config section, kept beside the backend that reads it.
+
+The backend imports only this model, so it never reaches up into the daemon's config;
+edgepilot.config composes it into ``[backends]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TfliteSection(BaseModel):
+    """``[backends.tflite]``: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    delegates: dict[str, Path] = Field(
+        default_factory=dict, description="External delegates by device name -> .so path.")
+    threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
