@@ -144,11 +144,6 @@ class MqttLink:
     def connected(self) -> bool:
         return self._connected
 
-    @property
-    def in_flight(self) -> int:
-        """Messages handed to paho and not yet acknowledged."""
-        return len(self._pending)
-
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
         """Begin connecting in the background; returns at once (the broker may be down)."""

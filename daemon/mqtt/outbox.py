@@ -69,10 +69,6 @@ class Outbox:
             self._trim()
             self._dirty = True
 
-    def peek(self) -> OutMessage | None:
-        with self._lock:
-            return self._q[0] if self._q else None
-
     def pop(self) -> OutMessage | None:
         with self._lock:
             if not self._q:
