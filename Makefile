@@ -64,11 +64,13 @@ test: install system-deps
 	scripts/link-pyarmnn.sh $(VENV)
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
 	$(VENV)/bin/mypy daemon backends
+	scripts/lint-imports.sh $(VENV)
 	$(PY) -m pytest
 
 lint: install
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
 	$(VENV)/bin/mypy daemon backends
+	scripts/lint-imports.sh $(VENV)
 
 bench: install
 	$(PY) bench/run_bench.py

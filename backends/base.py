@@ -11,16 +11,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
 
 import numpy as np
 
 from edgepilot.errors import BackendError
+from edgepilot.formats.spec import ModelKind, Segment, TensorSpec
 
-ModelKind = Literal["gguf", "onnx", "tflite"]
-
+# The model-side types live in formats (below backends); re-exported as the backend contract.
+__all__ = ["Backend", "BackendUnavailable", "Executable", "ModelKind", "Segment", "Support",
+           "Target", "TensorSpec"]
 
 class BackendUnavailable(BackendError):
     """The runtime is not installed or cannot start here; ``doctor`` reports it, nothing breaks."""
@@ -48,27 +48,6 @@ class Target:
         return cls(*parts)
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A contiguous piece of a model to compile as one unit.
-
-    ``inputs``/``outputs`` are the tensor names crossing its boundary; for the whole model they
-    are the model's own inputs and outputs. ``layers`` is the half-open range of partitioner
-    layer indices it covers (``None`` = the whole model).
-    """
-
-    model_path: Path
-    kind: ModelKind
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    layers: tuple[int, int] | None = None
-    name: str = ""
-
-    @property
-    def is_whole(self) -> bool:
-        return self.layers is None
-
-
 @dataclass
 class Support:
     """Answer of :meth:`Backend.supports`; ``reason`` says why not (shown by plan/doctor)."""
@@ -78,13 +57,6 @@ class Support:
 
     def __bool__(self) -> bool:
         return self.ok
-
-
-@dataclass
-class TensorSpec:
-    name: str
-    dtype: str
-    shape: tuple[int | str | None, ...]
 
 
 class Executable(ABC):
@@ -111,18 +83,6 @@ class Executable(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release native resources."""
-
-
-@dataclass
-class BackendInfo:
-    """What ``probe`` found, for doctor/status."""
-
-    name: str
-    available: bool
-    version: str | None = None
-    targets: list[Target] = field(default_factory=list)
-    reason: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend(ABC):

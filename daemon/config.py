@@ -27,10 +27,11 @@ from edgepilot.backends.llamacpp_options import LlamacppSection
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
 from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.errors import ConfigError
+from edgepilot.formats.model_entry import ModelEntry
 
 # Backend sections live beside their backends; re-exported here so callers keep one import.
 __all__ = ["ARMNN_DEVICES", "ArmnnDevice", "ArmnnSection", "LlamacppSection",
-           "OnnxRuntimeSection", "TfliteSection"]
+           "ModelEntry", "OnnxRuntimeSection", "TfliteSection"]
 
 DEFAULT_CONFIG_PATH = Path("/etc/edgepilot/edgepilot.toml")
 
@@ -198,40 +199,6 @@ class BackendsSection(Section):
     tflite: TfliteSection = Field(default_factory=TfliteSection)
     armnn: ArmnnSection = Field(default_factory=ArmnnSection)
     llamacpp: LlamacppSection = Field(default_factory=LlamacppSection)
-
-
-class ModelEntry(Section):
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$",
-                      description="Name used in APIs.")
-    file: Path = Field(description="File, relative to the model dir.")
-    kind: Literal["gguf", "onnx", "tflite"] | None = Field(
-        None, description="Format (default: from the file extension).")
-    sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$",
-                               description="Expected digest, verified before load.")
-    tolerance: float | None = Field(None, gt=0, le=1,
-                                    description="Output error budget (relative L2) for plans.")
-    keep_alive_s: float = Field(300.0, ge=0, le=7 * 86400,
-                                description="Idle time before the model is unloaded.")
-    n_ctx: int | None = Field(None, ge=16, le=1 << 20, description="GGUF context length.")
-    load_at_start: bool = Field(True, description="Load when the daemon starts.")
-    input_shapes: dict[str, list[int]] | None = Field(
-        None, description="Input shapes to plan for, e.g. { x = [1, 3, 320, 320] } (needed "
-        "for inputs with dynamic dims unless the first request sets them); each dim 1..2^24.")
-    max_batch: int = Field(1, ge=1, le=1024, description="Concurrent requests coalesced into "
-                           "one run along the batch dimension (1: no dynamic batching).")
-    batch_wait_ms: float = Field(2.0, ge=0, le=10_000, description="How long the first "
-                                 "request of a batch waits for others to join it.")
-
-    @field_validator("input_shapes")
-    @classmethod
-    def _input_shapes(cls, value: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
-        for name, dims in (value or {}).items():
-            if len(dims) > 8:
-                raise ValueError(f"input {name!r}: {len(dims)} dims; allowed at most 8")
-            bad = [d for d in dims if not 1 <= d <= 1 << 24]
-            if bad:
-                raise ValueError(f"input {name!r}: dim {bad[0]} out of range; allowed 1..16777216")
-        return value
 
 
 class DispatchSection(Section):

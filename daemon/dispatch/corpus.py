@@ -36,10 +36,11 @@ from edgepilot.dispatch.kernels import (
     family_of,
     fit_model,
 )
-from edgepilot.dispatch.partition import Node, Partition
+from edgepilot.dispatch.partition import Partition
 from edgepilot.dispatch.plan_cache import read_keyed, write_atomic
 from edgepilot.dispatch.profiler import MIN_TIMED_MS, median_ms
 from edgepilot.errors import EdgepilotError
+from edgepilot.formats.graph_node import Node
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def measure_corpus(pairs: Sequence[tuple[Backend, Target]], specs: Sequence[Kern
     layers). Kernels a target does not support are skipped (their family falls back to the
     Add fit, or to no prediction at all).
     """
-    from edgepilot.dispatch.graph_onnx import read_onnx
+    from edgepilot.dispatch.layers_onnx import read_onnx
 
     rng = np.random.default_rng(0)
     best: dict[tuple[str, str], float] = {}

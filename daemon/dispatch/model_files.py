@@ -55,7 +55,7 @@ def planning_shapes(config: Config, name: str, path: Path,
     merged.update(given or {})
     defaults = None
     if kind == "tflite":
-        from edgepilot.dispatch.graph_tflite import default_shapes
+        from edgepilot.dispatch.layers_tflite import default_shapes
 
         defaults = default_shapes(path)
     return resolve_shapes(name, specs, merged, defaults=defaults)

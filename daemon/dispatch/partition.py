@@ -26,21 +26,10 @@ import numpy as np
 from edgepilot.backends.base import ModelKind, Segment
 from edgepilot.errors import ModelError, PlanError
 from edgepilot.formats import files
+from edgepilot.formats.graph_node import Node
 
 # TFLite operators that keep state across invocations inside the interpreter
 STATEFUL_TFLITE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
-
-
-@dataclass(frozen=True)
-class Node:
-    """One graph operator, reduced to what the partitioner needs."""
-
-    name: str
-    op: str
-    inputs: tuple[str, ...]   # non-constant tensors read
-    outputs: tuple[str, ...]
-    flops: int
-    weight_bytes: int
 
 
 @dataclass
@@ -224,7 +213,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     digest = files.sha256_of(path)
     graph_path: Path | None = None
     if kind == "onnx":
-        from edgepilot.dispatch.graph_onnx import nodes_of
+        from edgepilot.dispatch.layers_onnx import nodes_of
         from edgepilot.dispatch.onnx_shapes import concrete_graph
         from edgepilot.formats.io import tensor_specs
 
@@ -242,7 +231,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         graph_path = graph.path
         nodes, ins, outs, sizes = nodes_of(graph.load(), graph.tensors)
     elif kind == "tflite":
-        from edgepilot.dispatch.graph_tflite import default_shapes, read_tflite
+        from edgepilot.dispatch.layers_tflite import default_shapes, read_tflite
 
         shapes = dict(shapes) if shapes else default_shapes(path)
         nodes, ins, outs, sizes = read_tflite(path, shapes)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from edgepilot.config import ModelEntry
 from edgepilot.errors import ConfigError
 from edgepilot.formats import files
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+from edgepilot.formats.model_entry import ModelEntry
 
 log = logging.getLogger(__name__)
 

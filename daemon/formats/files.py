@@ -9,8 +9,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgepilot.config import ModelEntry
 from edgepilot.errors import ModelError
+from edgepilot.formats.model_entry import ModelEntry
 
 log = logging.getLogger(__name__)
 

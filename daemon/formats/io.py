@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgepilot.backends.base import TensorSpec
 from edgepilot.errors import ModelError
 from edgepilot.formats import tflite_graph
+from edgepilot.formats.spec import TensorSpec
 
 _TFLITE_DTYPES = {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8",
                   "INT64": "int64", "INT16": "int16", "INT8": "int8", "BOOL": "bool",

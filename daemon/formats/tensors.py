@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgepilot.backends.base import TensorSpec
 from edgepilot.errors import CommandError
+from edgepilot.formats.spec import TensorSpec
 
 # dtypes accepted in requests (JSON and .npy); anything else is refused by name
 ALLOWED_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64",

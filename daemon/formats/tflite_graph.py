@@ -16,8 +16,8 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from edgepilot.backends.base import Segment
 from edgepilot.errors import BackendError, ModelError
+from edgepilot.formats.spec import Segment
 
 _cache_lock = threading.Lock()
 _cache: dict[tuple[str, int, int], Any] = {}

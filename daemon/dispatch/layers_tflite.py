@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgepilot.dispatch.partition import Node
 from edgepilot.formats import tflite_graph
+from edgepilot.formats.graph_node import Node
 
 _ITEMSIZE = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1,
              "INT16": 2, "INT8": 1, "FLOAT64": 8}

@@ -17,8 +17,8 @@ import onnx
 from onnx import helper
 
 from edgepilot.dispatch.onnx_shapes import TensorInfo
-from edgepilot.dispatch.partition import Node
 from edgepilot.errors import PlanError
+from edgepilot.formats.graph_node import Node
 from edgepilot.formats.onnx_graph import implicit_inputs, subgraphs
 
 # rough per-element costs for non-GEMM ops, so their layers are not "free" to the coalescer

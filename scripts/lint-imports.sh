@@ -1,0 +1,15 @@
+#!/bin/sh
+# Check the import-linter contracts (pyproject.toml [tool.importlinter]).
+# edgepilot is split over two folders (daemon/ and backends/ via setup.cfg package_dir) and
+# import-linter reads one folder per package, so it runs on a copy joined into one tree.
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${1:-$root/.venv}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/edgepilot"
+cp -R "$root/daemon/." "$tmp/edgepilot/"
+rm -rf "$tmp/edgepilot/backends"
+cp -R "$root/backends" "$tmp/edgepilot/backends"
+cd "$tmp"
+PYTHONPATH="$tmp" "$venv/bin/lint-imports" --no-cache "$root/pyproject.toml"
