@@ -116,7 +116,7 @@ class ModelDispatch:
             if self.shapes is None:
                 defaults = None
                 if kind == "tflite":  # flatbuffers only where TFLite is installed
-                    from edgepilot.dispatch.graph_tflite import default_shapes
+                    from edgepilot.dispatch.layers_tflite import default_shapes
 
                     defaults = default_shapes(self.path)
                 self.shapes = resolve_shapes(self.name, specs, {}, defaults=defaults)

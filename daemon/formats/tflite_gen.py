@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from edgepilot.formats.tflite_graph import schema, pack
+from edgepilot.formats.tflite_graph import pack, schema
 
 
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
