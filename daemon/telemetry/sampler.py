@@ -27,6 +27,7 @@ import psutil
 from edgepilot.telemetry.apportion import Apportioned, PowerSample, apportion
 from edgepilot.telemetry.energy import EnergyIntegrator
 from edgepilot.telemetry.seq import SEQ_FILE, PersistentSeq
+from edgepilot.telemetry.thermal_warn import ThermalWarner
 from edgepilot.telemetry.work import WorkStats
 
 if TYPE_CHECKING:
@@ -129,7 +130,8 @@ class TelemetrySampler:
         self._extras: list[Extra] = []
         self._latest: dict[str, Any] = {}
         self._last_report: Report | None = None
-        self._hot: set[str] = set()
+        # looked up per event, so the bus in place when a zone turns hot is the one told
+        self._thermal = ThermalWarner(lambda kind, **f: self.daemon.events.emit(kind, **f))
         self._board_error: str | None = None
         self._window_t: float | None = None
         self._window_energy = 0.0
@@ -193,7 +195,8 @@ class TelemetrySampler:
         out["mem_used_pct"] = raw.mem_used_pct
         out["mem_available_mb"] = raw.mem_available_mb
         if raw.board is not None:
-            self._check_thermal(raw.board.temps_c)
+            cfg = self.daemon.config.telemetry
+            self._thermal.check(raw.board.temps_c, cfg.thermal_warn_c, cfg.thermal_hysteresis_c)
         if self._window_t is None:
             self._window_t, self._window_energy = t, self.energy.energy_j
         self._latest = out
@@ -202,21 +205,6 @@ class TelemetrySampler:
     def sample_now(self, now: float | None = None) -> dict[str, Any]:
         """Read and ingest one sample synchronously (tests and one-shot CLI use)."""
         return self.ingest(self.read(), now)
-
-    def _check_thermal(self, temps: Mapping[str, float]) -> None:
-        cfg = self.daemon.config.telemetry
-        warn = cfg.thermal_warn_c
-        if warn is None:
-            return
-        for zone, temp in temps.items():
-            if zone not in self._hot and temp >= warn:
-                self._hot.add(zone)
-                self.daemon.events.emit("thermal", zone=zone, temp_c=temp, threshold_c=warn,
-                                        state="hot")
-            elif zone in self._hot and temp <= warn - cfg.thermal_hysteresis_c:
-                self._hot.discard(zone)
-                self.daemon.events.emit("thermal", zone=zone, temp_c=temp, threshold_c=warn,
-                                        state="normal")
 
     # ---- energy per request ---------------------------------------------------------------------
     def attribute(self, start: float, end: float, exclude: int | None = None) -> float | None:
