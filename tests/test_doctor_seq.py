@@ -11,7 +11,7 @@ from typing import Any
 
 from daemon_proc import DaemonProcess
 
-from edgepilot.mqtt.spool import spool_info
+from edgepilot.mqtt.state_report import spool_info
 from edgepilot.telemetry.seq import PersistentSeq
 
 CONFIG = """

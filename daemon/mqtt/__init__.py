@@ -1,5 +1,5 @@
 """edgepilot.mqtt"""
 
-from edgepilot.mqtt.spool import spool_info
+from edgepilot.mqtt.state_report import spool_info
 
 __all__ = ["spool_info"]

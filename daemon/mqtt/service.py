@@ -21,7 +21,7 @@ from edgepilot.mqtt.commands import CommandTransport
 from edgepilot.mqtt.discovery import Discovery
 from edgepilot.mqtt.link import MqttLink
 from edgepilot.mqtt.outbox import Outbox, OutMessage
-from edgepilot.mqtt.spool import SPOOL_FILE
+from edgepilot.mqtt.state_report import SPOOL_FILE
 from edgepilot.mqtt.topics import Topics
 from edgepilot.status import status_snapshot
 

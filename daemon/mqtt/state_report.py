@@ -1,4 +1,5 @@
-"""What the MQTT spool and the telemetry sequence file in the state dir hold, for ``doctor``.
+"""What the MQTT spool (written by ``outbox``) and the telemetry sequence file in the state dir
+hold, for ``doctor``: a read-only report, never a writer.
 
 Pure file reads (no broker, no paho): safe to call while the daemon runs, since both files are
 replaced atomically.
