@@ -35,8 +35,8 @@ from edgepilot.dispatch.costmodel import (
 )
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.kernels import correction
+from edgepilot.dispatch.measure import Measurer
 from edgepilot.dispatch.plan import CostBuilder
-from edgepilot.dispatch.profiler import Profiler
 from edgepilot.formats import onnx_gen
 from edgepilot.formats.tflite_gen import write_mlp_tflite
 
@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                 for lay, sample in zip(measured, samples, strict=True):
                     by_class.setdefault(f"{target} {op_class(lay.op_types)}", []).append(sample)
             # the noise floor: the same layers timed again, independently, the same way
-            again = Profiler(md.part, md.backends, md.targets, md.reference, md.calibration,
+            again = Measurer(md.part, md.backends, md.targets, md.reference, md.calibration,
                              runs=md.opts.runs, warmup=md.opts.warmup,
-                             metric=md.opts.metric, passes=md.opts.passes).profile()
+                             metric=md.opts.metric, passes=md.opts.passes).table()
             b = md.builder
             for target in b.kernels:
                 first = [row[target].ms for row in b.profile.cells]

@@ -21,9 +21,9 @@ from edgepilot.dispatch.kernels import (
     fit_family,
     fit_model,
 )
+from edgepilot.dispatch.measure import Cell, LatencyTable
 from edgepilot.dispatch.partition import partition
 from edgepilot.dispatch.plan import CostBuilder
-from edgepilot.dispatch.profiler import Cell, ProfileTable
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend
@@ -123,7 +123,7 @@ def test_held_out_prediction_never_reads_the_held_out_cell(mlp_path: Path) -> No
     kernels = {target: fit_model(target, 0.003, points)}
 
     def builder(ms: list[float]) -> CostBuilder:
-        profile = ProfileTable([target], target, [{target: Cell(m, 0.0)} for m in ms],
+        profile = LatencyTable([target], target, [{target: Cell(m, 0.0)} for m in ms],
                                {target: 0.0}, 1e6)
         return CostBuilder(part, profile, 0.05, kernels=kernels)
 

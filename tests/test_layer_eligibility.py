@@ -6,9 +6,9 @@ from pathlib import Path
 
 import dispatch_fixtures
 
+from edgepilot.dispatch.measure import Cell, LatencyTable
 from edgepilot.dispatch.partition import partition
 from edgepilot.dispatch.plan import CostBuilder
-from edgepilot.dispatch.profiler import Cell, ProfileTable
 
 mlp_path = dispatch_fixtures.mlp_path
 FP32, INT8 = "onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"
@@ -20,7 +20,7 @@ def builder(path: Path, layer_error: float, whole_error: float | None) -> CostBu
     extra = {"whole_ms": {FP32: 1.0 * len(cells), INT8: 0.3 * len(cells)}}
     if whole_error is not None:
         extra["whole_error"] = {FP32: 0.0, INT8: whole_error}
-    profile = ProfileTable([FP32, INT8], FP32, cells, {FP32: 0.0, INT8: 0.0}, 1e6, extra=extra)
+    profile = LatencyTable([FP32, INT8], FP32, cells, {FP32: 0.0, INT8: 0.0}, 1e6, extra=extra)
     return CostBuilder(part, profile, 0.05)
 
 

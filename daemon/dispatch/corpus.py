@@ -5,7 +5,7 @@ The sweep covers the operators the partitioner meets in the models served here: 
 elementwise, normalisation, softmax, transpose and pooling operators over tensor sizes. Each
 kernel is written as an ONNX file, compiled by the target's backend exactly like a layer (so the
 int8/int4 targets time their quantized variants) and timed with the profiler's method
-(:func:`profiler.median_ms`). A one-operator model of 16 floats gives the per-call cost, which
+(:func:`measure.median_ms`). A one-operator model of 16 floats gives the per-call cost, which
 every kernel's time is taken net of.
 
 Corpora are cached per target under ``<state_dir>/corpus/``, keyed by the board, the DVFS
@@ -36,9 +36,9 @@ from edgepilot.dispatch.kernels import (
     family_of,
     fit_model,
 )
+from edgepilot.dispatch.measure import MIN_TIMED_MS, median_ms
 from edgepilot.dispatch.partition import Partition
 from edgepilot.dispatch.plan_cache import read_keyed, write_atomic
-from edgepilot.dispatch.profiler import MIN_TIMED_MS, median_ms
 from edgepilot.errors import EdgepilotError
 from edgepilot.formats.graph_node import Node
 

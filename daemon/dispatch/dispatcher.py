@@ -31,7 +31,7 @@ from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes, resolve_model
 from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache
-from edgepilot.dispatch.profiler import Progress
+from edgepilot.dispatch.measure import Progress
 from edgepilot.dispatch.signature import Shapes, shapes_of, signature_of
 from edgepilot.dispatch.targets import (
     available_targets,

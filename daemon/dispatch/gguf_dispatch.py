@@ -43,9 +43,9 @@ from edgepilot.dispatch.gguf_select import (
     select,
     thread_candidates,
 )
+from edgepilot.dispatch.measure import Progress
 from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
-from edgepilot.dispatch.profiler import Progress
 from edgepilot.errors import ModelError
 from edgepilot.formats import files
 from edgepilot.formats.gguf_info import read_gguf_info

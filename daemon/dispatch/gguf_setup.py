@@ -14,7 +14,7 @@ from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufOptions
 from edgepilot.dispatch.plan_cache import PlanCache
-from edgepilot.dispatch.profiler import Progress
+from edgepilot.dispatch.measure import Progress
 from edgepilot.dispatch.targets import board_id
 from edgepilot.errors import PlanError
 

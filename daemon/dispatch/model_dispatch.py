@@ -24,19 +24,19 @@ from edgepilot.backends.base import Backend, Target
 from edgepilot.dispatch.calibration import time_plan
 from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
 from edgepilot.dispatch.kernels import KernelModel
+from edgepilot.dispatch.measure import (
+    MAX_RUNS,
+    MIN_TIMED_MS,
+    LatencyTable,
+    Measurer,
+    Progress,
+    median_ms,
+)
 from edgepilot.dispatch.monitor import Monitor, worth_switching
 from edgepilot.dispatch.partition import Partition, partition
 from edgepilot.dispatch.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
 from edgepilot.dispatch.planner import CostTable, plan_cost
-from edgepilot.dispatch.profiler import (
-    MAX_RUNS,
-    MIN_TIMED_MS,
-    Profiler,
-    ProfileTable,
-    Progress,
-    median_ms,
-)
 from edgepilot.dispatch.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.signature import Shapes, resolve_shapes, signature_of
 from edgepilot.dispatch.targets import reference_target
@@ -153,15 +153,15 @@ class ModelDispatch:
             self.from_cache = False
             forced: dict[int, str] = {}
             if cached is not None:
-                profile = ProfileTable.from_dict(cached["profile"])
+                profile = LatencyTable.from_dict(cached["profile"])
                 forced = {int(k): v for k, v in cached.get("forced", {}).items()}
                 self.from_cache = True
             else:
-                profiler = Profiler(part, self.backends, self.targets, ref, self.calibration,
+                measurer = Measurer(part, self.backends, self.targets, ref, self.calibration,
                                     runs=self.opts.runs, warmup=self.opts.warmup,
                                     metric=self.opts.metric, progress=self.progress,
                                     passes=self.opts.passes)
-                profile = profiler.profile()
+                profile = measurer.table()
                 profile.freqs = dict(self.freqs)
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
                                        freqs=dict(self.freqs), budgets=dict(self.budgets),

@@ -1,6 +1,6 @@
 """From measurements to a plan: cost tables, the chosen assignment, and its explanation.
 
-:class:`CostBuilder` turns a :class:`ProfileTable` into the planner's :class:`CostTable`:
+:class:`CostBuilder` turns a :class:`LatencyTable` into the planner's :class:`CostTable`:
 measured layer times net of the per-call overhead (which the planner charges once per segment),
 hops as ``overhead(dst) + boundary bytes / bandwidth``, targets over the error budget or
 excluded after a fault marked ineligible, per-target factors (drift), frequency scaling from the
@@ -21,6 +21,7 @@ from edgepilot.dispatch.calibration import Calibration, Observation
 from edgepilot.dispatch.corpus import layer_ops
 from edgepilot.dispatch.costmodel import LinearCost, Roofline, Sample
 from edgepilot.dispatch.kernels import KernelModel, correction
+from edgepilot.dispatch.measure import LatencyTable
 from edgepilot.dispatch.partition import Layer, Partition
 from edgepilot.dispatch.planner import (
     CostTable,
@@ -30,7 +31,6 @@ from edgepilot.dispatch.planner import (
     runner_up,
     solve,
 )
-from edgepilot.dispatch.profiler import ProfileTable
 from edgepilot.dispatch.signature import signature_of
 
 # a layer never costs less than this share of its standalone time, whatever the overhead says
@@ -53,7 +53,7 @@ class CostBuilder:
     """Builds cost tables; holds what changes between replans (exclusions, drift, clocks)."""
 
     part: Partition
-    profile: ProfileTable
+    profile: LatencyTable
     tolerance: float
     excluded: set[str] = field(default_factory=set)
     factors: dict[str, float] = field(default_factory=dict)   # observed/predicted drift

@@ -40,7 +40,7 @@ class Cell:
 
 
 @dataclass
-class ProfileTable:
+class LatencyTable:
     """All measurements of one model on one board, serialisable into the plan cache."""
 
     targets: list[str]
@@ -58,7 +58,7 @@ class ProfileTable:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProfileTable:
+    def from_dict(cls, data: dict[str, Any]) -> LatencyTable:
         data = dict(data)
         data["cells"] = [{t: Cell(**c) for t, c in row.items()} for row in data["cells"]]
         return cls(**data)
@@ -100,7 +100,7 @@ def copy_bandwidth(nbytes: int = 4 << 20, runs: int = 7) -> float:
     return nbytes / max(ms, 1e-6)
 
 
-class Profiler:
+class Measurer:
     """Times a partition's layers on targets; see the module docstring for the method."""
 
     def __init__(self, part: Partition, backends: Mapping[str, Backend], targets: list[Target],
@@ -141,9 +141,6 @@ class Profiler:
                 exe.close()
             self._ref_envs = envs
         return self._ref_envs
-
-    def reference_outputs(self) -> list[dict[str, np.ndarray]]:
-        return [{k: env[k] for k in self.part.outputs} for env in self.reference_envs()]
 
     def measure(self, start: int, end: int, target: Target) -> Cell:
         """Compile layers ``[start, end)`` on ``target``, time it and measure its error."""
@@ -188,7 +185,7 @@ class Profiler:
         finally:
             exe.close()
 
-    def profile(self) -> ProfileTable:
+    def table(self) -> LatencyTable:
         """Measure every (layer, target), the per-target overheads and the hop bandwidth.
 
         Layers and whole models are timed in ``passes`` passes over all cells (the first one
@@ -236,7 +233,7 @@ class Profiler:
                 self.retime(0, n, target, whole_cells[str(target)])
         whole = {t: c.ms for t, c in whole_cells.items() if c.ms is not None}
         whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
-        return ProfileTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
+        return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
                             metric=self.metric,
                             extra={"whole_ms": whole, "whole_error": whole_error})
 

@@ -1,4 +1,4 @@
-"""Profiler on real onnxruntime targets: latency, error vs fp32, unsupported cells, hops."""
+"""Measurer on real onnxruntime targets: latency, error vs fp32, unsupported cells, hops."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import dispatch_fixtures
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.dispatch.measure import LatencyTable, Measurer
 from edgepilot.dispatch.partition import partition
-from edgepilot.dispatch.profiler import Profiler, ProfileTable
 from edgepilot.formats import onnx_gen
 
 mlp_path = dispatch_fixtures.mlp_path
@@ -25,10 +25,10 @@ def test_every_cell_is_measured_against_fp32(mlp_path: Path,
                                              ort_backend: OnnxRuntimeBackend) -> None:
     part = partition(mlp_path)
     seen: list[tuple[int, int, str]] = []
-    prof = Profiler(part, {"onnxruntime": ort_backend}, [FP32, INT8, INT4, QNN], FP32,
+    prof = Measurer(part, {"onnxruntime": ort_backend}, [FP32, INT8, INT4, QNN], FP32,
                     onnx_gen.sample_inputs(mlp_path, count=2), runs=3, warmup=1,
                     progress=lambda done, total, label: seen.append((done, total, label)))
-    table = prof.profile()
+    table = prof.table()
     assert len(table.cells) == len(part.layers) >= 2
     for row in table.cells:
         assert row[str(FP32)].ms is not None and row[str(FP32)].ms > 0
@@ -42,5 +42,5 @@ def test_every_cell_is_measured_against_fp32(mlp_path: Path,
     assert table.bandwidth_bytes_per_ms > 0
     # progress reached the end, in order
     assert seen[-1][0] == seen[-1][1] and [s[0] for s in seen] == sorted(s[0] for s in seen)
-    again = ProfileTable.from_dict(table.as_dict())
+    again = LatencyTable.from_dict(table.as_dict())
     assert again.cells[0][str(INT8)].error == table.cells[0][str(INT8)].error
