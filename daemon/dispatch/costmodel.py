@@ -140,11 +140,6 @@ def leave_one_out(samples: Sequence[Sample], rel: float = 0.10) -> tuple[int, in
     return hits, len(samples), errors
 
 
-def geometric_mean(values: Sequence[float]) -> float:
-    vals = [v for v in values if v > 0]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else 0.0
-
-
 # ---- additive model, fitted per (target, op class) ----------------------------------------------
 # terms a LinearCost may use: per-call overhead, FLOPs, activation bytes, graph nodes
 TERMS = ("overhead", "flops", "act_bytes", "nodes")

@@ -358,10 +358,6 @@ class Dispatcher:
             keys = [key]
         return self.background.state(keys[0])
 
-    async def wait_planned(self) -> None:
-        """Wait for background planning in progress (tests, orderly stop)."""
-        await self.background.wait()
-
     async def infer(self, name: str, inputs: dict[str, np.ndarray]
                     ) -> tuple[dict[str, np.ndarray], str]:
         """Serve one request on the model's plan: ``(outputs, plan_hash)``."""
