@@ -8,13 +8,13 @@ TFLite interpreter itself, resized to them: its own shape propagation, no guess.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from edgepilot.formats import tflite_graph
+from edgepilot.formats.file_cache import per_file
 from edgepilot.formats.graph_node import Node
 
 _ITEMSIZE = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1,
@@ -31,14 +31,12 @@ def default_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     Asked on every request to a TFLite model (its signature): kept per (file, mtime, size),
     since parsing the flatbuffer again costs milliseconds when two models alternate.
     """
-    st = path.stat()
-    return dict(_default_shapes(str(path), st.st_mtime_ns, st.st_size))
+    return dict(_default_shapes(path))
 
 
-@functools.lru_cache(maxsize=64)
-def _default_shapes(path_str: str, _mtime_ns: int, _size: int
-                    ) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    sg = tflite_graph.load(Path(path_str)).subgraphs[0]
+@per_file()
+def _default_shapes(path: Path) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    sg = tflite_graph.load(path).subgraphs[0]
     return tuple((tflite_graph._name(sg.tensors[i]), tuple(_shape(sg.tensors[i])))
                  for i in tflite_graph._ints(sg.inputs))
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 
 from edgepilot.errors import ModelError
 from edgepilot.formats import tflite_graph
+from edgepilot.formats.file_cache import per_file
 from edgepilot.formats.spec import TensorSpec
 
 _TFLITE_DTYPES = {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8",
@@ -22,15 +22,13 @@ def tensor_specs(path: Path, kind: str) -> tuple[list[TensorSpec], list[TensorSp
     Every tensor request validates against these, so they are kept per (file, mtime, size):
     parsing a 25 MB ONNX file took 2.8 ms, several times the inference it guarded.
     """
-    st = path.stat()
-    ins, outs = _specs(str(path), kind, st.st_mtime_ns, st.st_size)
+    ins, outs = _specs(path, kind)
     return list(ins), list(outs)
 
 
-@functools.lru_cache(maxsize=64)
-def _specs(path_str: str, kind: str, _mtime_ns: int, _size: int
-           ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    ins, outs = _read_specs(Path(path_str), kind)
+@per_file()
+def _specs(path: Path, kind: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    ins, outs = _read_specs(path, kind)
     return tuple(ins), tuple(outs)
 
 
