@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable
+from edgepilot.dispatch import gguf_explain
 from edgepilot.dispatch.gguf_live import LiveStats, LiveTrial, trial_reason
 from edgepilot.dispatch.gguf_measure import Hold, measure
 from edgepilot.dispatch.gguf_select import (
@@ -44,7 +45,6 @@ from edgepilot.dispatch.gguf_select import (
     thread_candidates,
 )
 from edgepilot.dispatch.measure import Progress
-from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
 from edgepilot.errors import ModelError
 from edgepilot.formats import files
@@ -372,69 +372,14 @@ class GgufDispatch:
         raise ModelError(f"model {self.name!r} is a GGUF language model; it is served through "
                          "/v1/chat/completions, not per-layer tensor inference", field="model")
 
-    # ---- explain ------------------------------------------------------------------------------
+    # ---- explain (gguf_explain.py) -------------------------------------------------------------
     def note(self) -> str:
-        assert self.plan is not None
-        n, ngl = self.info.n_layers, self.plan.n_gpu_layers
-        threads = sorted({m.n_threads for m in self.measured})
-        how = ("decode speed on live traffic (the runner-up was tried on real requests)"
-               if self.live_choice is not None else "measured prefill/decode speed")
-        chosen = f"n_threads {self.plan.n_threads} chosen from {threads} by {how}"
-        if not self.gpu:
-            return f"this llama.cpp build has no GPU backend: all {n} blocks on cpu; {chosen}"
-        return (f"{ngl} of {n} blocks on gpu (llama.cpp offloads the last blocks), "
-                f"{n - ngl} on cpu; {chosen} under the memory budget")
+        """One sentence on where the blocks run and how the thread count was chosen."""
+        return gguf_explain.note(self)
 
     def explain(self) -> dict[str, Any]:
-        """Plan JSON of issue 6 for a GGUF model: one layer entry per block."""
+        """Plan JSON for a GGUF model: one layer entry per block."""
         with self._lock:
             if self.plan is None:
                 self.prepare()
-            assert self.plan is not None and self.choice is not None
-            plan, n = self.plan, self.info.n_layers
-            share = plan.predicted_ms / n
-            layers = []
-            for i, target in enumerate(plan.targets):
-                layers.append({"name": f"blk.{i}", "target": target,
-                               "predicted_ms": round(share, 4), "measured_ms": None,
-                               "runner_up": self._block_runner_up(i, target)})
-            best, ru = self.choice.chosen, self.choice.runner_up
-            here = Candidate(plan.n_threads, plan.n_gpu_layers)
-            if best.candidate != here:  # live serving settled on another measured candidate
-                best, ru = next(m for m in self.measured if m.candidate == here), best
-            return {
-                "model": self.name, "kind": "gguf", "hash": plan.hash,
-                "predicted_ms": round(plan.predicted_ms, 4),
-                "measured_ms": None if plan.measured_ms is None else round(plan.measured_ms, 4),
-                "unit": "ms per decoded token",
-                "n_threads": plan.n_threads, "n_gpu_layers": plan.n_gpu_layers,
-                "gpu_offload": self.gpu, "note": self.note(),
-                "prefill_tokens_per_s": _tps(best.prefill_ms_per_token),
-                "decode_tokens_per_s": _tps(best.decode_ms_per_token),
-                "runner_up": None if ru is None else {
-                    "n_threads": ru.n_threads, "n_gpu_layers": ru.n_gpu_layers,
-                    "predicted_ms": round(ru.decode_ms_per_token or 0.0, 4)},
-                "segments": segments_of(plan.targets),
-                "layers": layers, "candidates": self.choice.verdicts,
-                "reason": plan.reason, "error": None, "from_cache": self.from_cache,
-                "excluded": [], "monitor": {}, "live": self.live_report(),
-            }
-
-    def _block_runner_up(self, i: int, target: str) -> dict[str, Any] | None:
-        """Best eligible candidate that puts block ``i`` on the other device."""
-        assert self.choice is not None
-        n = self.info.n_layers
-        best: tuple[float, str] | None = None
-        for v in self.choice.verdicts:
-            if not v["eligible"] or v["decode_ms_per_token"] is None:
-                continue
-            other = self._target("gpu" if i >= n - v["n_gpu_layers"] else "cpu")
-            if other != target and (best is None or v["decode_ms_per_token"] < best[0]):
-                best = (v["decode_ms_per_token"], other)
-        if best is None:
-            return None
-        return {"target": best[1], "predicted_ms": round(best[0] / n, 4)}
-
-
-def _tps(ms_per_token: float | None) -> float | None:
-    return None if not ms_per_token else round(1e3 / ms_per_token, 1)
+            return gguf_explain.explain(self)
