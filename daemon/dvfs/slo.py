@@ -106,7 +106,7 @@ class SloPicker:
         """Blocking: the cached measurements of this board/model/runtimes, else measured now
         (every valid profile in turn, the board restored after each) and cached."""
         from edgepilot.dispatch.plan_cache import read_keyed, write_atomic
-        from edgepilot.sweep import measure_profiles
+        from edgepilot.dvfs.sweep import measure_profiles
 
         config = self.daemon.config
         model = config.dvfs.slo_model

@@ -6,9 +6,9 @@ while sampling the board's power, then move on; the board is restored at the end
 or Ctrl-C. Answers the operator's question "which profile for this model: fastest, or fewest
 joules per inference?". Run it with the daemon stopped: both would own the clocks.
 
-The measuring itself is :mod:`edgepilot.sweep`. ``--slo-ms P`` names the lowest-energy profile
+The measuring itself is :mod:`edgepilot.dvfs.sweep`. ``--slo-ms P`` names the lowest-energy profile
 whose p95 meets P (``slo_pick``, or null with ``slo_reason``); ``--csv`` and ``--plot`` write
-the rows and the latency/energy picture with its Pareto front (:mod:`edgepilot.sweep_report`).
+the rows and the latency/energy picture with its Pareto front (:mod:`edgepilot.cli.sweep_report`).
 """
 
 from __future__ import annotations
@@ -18,10 +18,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgepilot.cli.common import config_from
+from edgepilot.cli.plan import (
+    add_shape_flag,
+    end_progress,
+    ensure_models,
+    input_shapes,
+    progress_bar,
+)
+from edgepilot.cli.sweep_report import write_csv, write_plot
+from edgepilot.dvfs.sweep import measure_profiles, summarize
 from edgepilot.errors import ConfigError
-from edgepilot.sweep import PowerSampler, measure_profiles, summarize, sweep_one
-
-__all__ = ["PowerSampler", "add_parser", "cmd_sweep", "run_sweep", "sweep_one"]
 
 
 def add_parser(sub: Any) -> None:
@@ -41,8 +48,6 @@ def add_parser(sub: Any) -> None:
                    "front marked (needs matplotlib: the 'plot' extra)")
     p.add_argument("--slo-ms", type=float, default=None, metavar="P",
                    help="name the lowest-energy profile whose p95 latency is at most P ms")
-    from edgepilot.plan_cli import add_shape_flag
-
     add_shape_flag(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -52,7 +57,6 @@ def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
               slo_ms: float | None = None) -> dict[str, Any]:
     """Every profile in turn, the board restored at the end whatever happens."""
     from edgepilot.dvfs.service import make_manager
-    from edgepilot.plan_cli import ensure_models, progress_bar
 
     ensure_models(config)
     manager = make_manager(config)
@@ -67,8 +71,6 @@ def run_sweep(config: Any, model: str, profiles: list[str] | None, runs: int,
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from edgepilot.cli import config_from
-
     if not 1 <= args.runs <= 10_000:
         raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
     if not 0 <= args.budget_s <= 60:
@@ -88,13 +90,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                               "`.venv/bin/pip install 'edgepilot[plot]'`", field="plot") from None
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] \
         if args.profiles else None
-    from edgepilot.plan_cli import end_progress, input_shapes
-
     result = run_sweep(config_from(args), args.model, profiles, args.runs, args.budget_s,
                        input_shapes(args), args.slo_ms)
     end_progress()
-    from edgepilot.sweep_report import write_csv, write_plot
-
     if args.csv is not None:
         write_csv(result, args.csv)
     if args.plot is not None:

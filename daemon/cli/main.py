@@ -1,35 +1,21 @@
-"""The ``edgepilot`` command line: global flags, then a subcommand.
+"""The ``edgepilot`` parser and entry point: global flags, then a subcommand.
 
-Subcommands live in their own modules and register through :data:`SUBCOMMANDS`: each module
-exposes ``add_parser(subparsers) -> None`` whose parser sets ``func(args) -> int``.
+Each subcommand is a module of this package with ``add_parser(subparsers) -> None`` whose parser
+sets ``func(args) -> int``; they are imported and added below, in the order ``--help`` lists them.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from edgepilot import __version__
-from edgepilot.config import Config, load_config, resolve_config_path
-from edgepilot.errors import ConfigError, EdgepilotError
-
-log = logging.getLogger("edgepilot")
-
-# modules with ``add_parser(subparsers)``; later capabilities append theirs
-SUBCOMMANDS: list[str] = [
-    "edgepilot.doctor",
-    "edgepilot.profile_cli",
-    "edgepilot.plan_cli",
-    "edgepilot.sweep_cli",
-    "edgepilot.top.cli",
-]
+from edgepilot.cli import doctor, plan, profile, run, sweep, top
+from edgepilot.errors import EdgepilotError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,17 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("--host", default=None, help="HTTP bind address (overrides [http] host)")
-    run.add_argument("--port", type=int, default=None, help="HTTP port (overrides [http] port)")
-    run.set_defaults(func=cmd_run)
-
+    run.add_parser(sub)
     ver = sub.add_parser("version", help="print the version")
     ver.add_argument("--json", action="store_true")
     ver.set_defaults(func=cmd_version)
-
-    for modname in SUBCOMMANDS:
-        importlib.import_module(modname).add_parser(sub)
+    for module in (doctor, profile, plan, sweep, top):
+        module.add_parser(sub)
     # global flags after the subcommand too (`edgepilot run --config F`, `make run ARGS=...`)
     for subparser in set(sub.choices.values()):
         add_global_flags(subparser, argparse.SUPPRESS)
@@ -79,41 +60,6 @@ def add_global_flags(parser: argparse.ArgumentParser, default: Any) -> None:
             parser.add_argument(flag, default=default, **kwargs)
         except argparse.ArgumentError:
             continue
-
-
-def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
-    return {"state_dir": args.state_dir, "model_dir": args.model_dir,
-            "sysfs_root": args.sysfs_root}
-
-
-def config_from(args: argparse.Namespace) -> Config:
-    """The config every subcommand sees: file (or embedded default) + global flag overrides."""
-    config = load_config(resolve_config_path(args.config), overrides_from(args))
-    root = config.daemon.sysfs_root
-    if not root.is_dir():
-        # a typo here would otherwise read as an empty generic board and "work"
-        raise ConfigError(f"sysfs root {root} is not a directory; fix --sysfs-root or "
-                          "[daemon] sysfs_root", field="daemon.sysfs_root")
-    if args.log_level:
-        config.daemon.log_level = args.log_level
-    return config
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from edgepilot.lifecycle import Daemon
-
-    config = config_from(args)
-    setup_logging(config.daemon.log_level)
-    if args.port is not None and not 0 <= args.port <= 65535:
-        raise EdgepilotError(f"--port {args.port}: allowed 0..65535", field="port")
-    daemon = Daemon(config, resolve_config_path(args.config), args.host, args.port,
-                    overrides=overrides_from(args))
-    return asyncio.run(daemon.run())
 
 
 def cmd_version(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from edgepilot.cli.common import config_from
 from edgepilot.config import Config
 
 
@@ -159,8 +160,6 @@ def _ms(v: float | None) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from edgepilot.cli import config_from
-
     dispatcher = make_dispatcher(config_from(args))
     md = dispatcher.get(args.model, input_shapes(args))
     md.prepare(reprofile=args.reprofile)
@@ -171,7 +170,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from edgepilot.cli import config_from
     from edgepilot.dispatch.bench import bench
     from edgepilot.dispatch.model_dispatch import ModelDispatch
     from edgepilot.errors import ConfigError, ModelError

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot import __version__
+from edgepilot.cli.common import config_from
 from edgepilot.config import Config
 
 
@@ -180,8 +181,6 @@ def _short(value: Any) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from edgepilot.cli import config_from
-
     config = config_from(args)
     report = collect(config, args.backend)
     print(json.dumps(report, indent=2, default=str) if args.json else render(report))

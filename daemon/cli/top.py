@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from edgepilot.cli.common import config_from
 from edgepilot.errors import CommandError
 
 
@@ -34,8 +35,6 @@ def cmd_top(args: argparse.Namespace) -> int:
                            field="json")
     url = args.url
     if url is None:
-        from edgepilot.cli import config_from
-
         http = config_from(args).http
         url = base_url(http.host, http.port)
     elif not url.startswith(("http://", "https://")):

@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any
 
+from edgepilot.cli.common import config_from
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("profile", help="list, show, apply and restore DVFS profiles")
@@ -29,7 +31,6 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from edgepilot.cli import config_from
     from edgepilot.dvfs.service import make_manager
 
     manager = make_manager(config_from(args))

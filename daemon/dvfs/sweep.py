@@ -2,7 +2,7 @@
 
 For each profile: apply it (transactionally), plan the model for those clocks (plans are cached
 per DVFS profile), time the plan as ``bench`` does while sampling the board's power, put the
-board back. Used by ``edgepilot sweep`` (:mod:`edgepilot.sweep_cli`) and by the daemon's SLO
+board back. Used by ``edgepilot sweep`` (:mod:`edgepilot.cli.sweep`) and by the daemon's SLO
 picker (:mod:`edgepilot.dvfs.slo`); :func:`summarize` adds the decisions (fastest, most
 efficient, Pareto front, SLO pick).
 """
@@ -10,46 +10,15 @@ efficient, Pareto front, SLO pick).
 from __future__ import annotations
 
 import contextlib
-import statistics
-import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from edgepilot.dvfs.pareto import pareto_front, slo_pick
 from edgepilot.errors import EdgepilotError, ModelError
+from edgepilot.telemetry.power import PowerSampler
 
-SAMPLE_PERIOD_S = 0.1
 Progress = Callable[[int, int, str], None]
-
-
-class PowerSampler:
-    """Board power sampled on a thread while a measurement runs (mean of readable samples)."""
-
-    def __init__(self, board: Any) -> None:
-        self.board = board
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sweep-power", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            watts = self.board.sample().power_w
-            if watts is not None:
-                self.samples.append(float(watts))
-            self._stop.wait(SAMPLE_PERIOD_S)
-
-    def __enter__(self) -> PowerSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    @property
-    def mean_w(self) -> float | None:
-        return statistics.fmean(self.samples) if self.samples else None
 
 
 def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, runs: int,
