@@ -408,7 +408,7 @@ class ModelDispatch:
 
     # ---- explain ------------------------------------------------------------------------------
     def explain(self) -> dict[str, Any]:
-        """The plan JSON of issue 6 plus monitor state."""
+        """The plan JSON (what `edgepilot plan --json` and GET /v1/plan show) plus monitor state."""
         with self._lock:
             if self.plan is None:
                 self.prepare()
