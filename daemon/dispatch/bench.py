@@ -84,7 +84,7 @@ def raw_runner(md: ModelDispatch) -> Runner:
 
 def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
           budget_s: float = 0.3) -> dict[str, Any]:
-    """The bench JSON of issue 6 for a prepared (or preparable) model.
+    """The bench JSON (`edgepilot bench --json`) for a prepared (or preparable) model.
 
     ``runs`` is the fewest rounds, ``budget_s`` the timed seconds every variant gets at least.
     """
