@@ -5,7 +5,7 @@ measured layer times net of the per-call overhead (which the planner charges onc
 hops as ``overhead(dst) + boundary bytes / bandwidth``, targets over the error budget or
 excluded after a fault marked ineligible, per-target factors (drift), frequency scaling from the
 fitted roofline models, and the per-target segment calibration (``calibration.py``).
-:class:`Plan` is the result and its JSON shape (see issue 6).
+:class:`Plan` is the result and its JSON shape (what `edgepilot plan --json` prints).
 """
 
 from __future__ import annotations
