@@ -1,0 +1,130 @@
+"""Tensors as JSON (``{NAME: {"data", "dtype", "shape"}}``) and as ``.npz`` archives.
+
+The one codec that HTTP ``/v1/infer`` and the MQTT ``infer`` command share. Every malformed
+input is answered with a :class:`CommandError` naming the field (``inputs.NAME.shape``) and the
+rule; nothing else escapes, whatever JSON-ish object comes in.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from edgepilot.errors import CommandError
+from edgepilot.formats.tensors import ALLOWED_DTYPES
+
+# Bounds checked before numpy sees a shape: numpy's own limits (rank 32/64, sizes that wrap
+# in int64 arithmetic) surface as ValueError/TypeError deep inside reshape.
+MAX_RANK = 16
+MAX_ELEMENTS = 1 << 28
+
+
+def _shape(value: Any, field: str) -> list[int]:
+    """Validate a shape list in Python ints (bool refused: it is an int in Python)."""
+    if not isinstance(value, list):
+        raise CommandError("shape must be a list of non-negative integers", field=field)
+    if len(value) > MAX_RANK:
+        raise CommandError(f"shape has rank {len(value)}; at most {MAX_RANK} dimensions",
+                           field=field)
+    total = 1
+    for dim in value:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise CommandError(f"shape must be a list of non-negative integers, got {dim!r}",
+                               field=field)
+        total *= dim
+        if total > MAX_ELEMENTS:
+            break
+    if total > MAX_ELEMENTS:
+        raise CommandError(f"shape {value} has more than {MAX_ELEMENTS} elements",
+                           field=field)
+    return value
+
+
+def tensors_from_json(obj: Any, field_prefix: str = "inputs") -> dict[str, np.ndarray]:
+    """Turn ``{NAME: {"data", "dtype", "shape"}}`` (already parsed) into named arrays.
+
+    ``dtype`` defaults to float32 and must be one of ``ALLOWED_DTYPES``; ``shape`` is optional
+    (the data's own nesting then gives it). Raises :class:`CommandError` naming the field.
+    """
+    if not isinstance(obj, dict):
+        raise CommandError(f'{field_prefix} must be {{NAME: {{"data", "dtype", "shape"}}}}',
+                           field=field_prefix)
+    out: dict[str, np.ndarray] = {}
+    for name, spec in obj.items():
+        field = f"{field_prefix}.{name}"
+        if not isinstance(spec, dict) or "data" not in spec:
+            raise CommandError(f"input {name!r} must be an object with data, dtype, shape",
+                               field=field)
+        unknown = sorted(set(spec) - {"data", "dtype", "shape"})
+        if unknown:
+            raise CommandError(f"unknown field '{field}.{unknown[0]}'",
+                               field=f"{field}.{unknown[0]}")
+        dtype = spec.get("dtype", "float32")
+        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+            raise CommandError(f"input {name!r}: dtype {dtype!r} is not allowed; allowed: "
+                               f"{', '.join(ALLOWED_DTYPES)}", field=f"{field}.dtype")
+        shape = spec.get("shape")
+        if shape is not None:
+            shape = _shape(shape, f"{field}.shape")
+        try:
+            # A value out of the dtype's range is the caller's error, not a silent inf.
+            with np.errstate(over="raise", invalid="raise"):
+                arr = np.asarray(spec["data"], dtype=dtype)
+        except (ValueError, TypeError, OverflowError, RecursionError,
+                FloatingPointError) as exc:
+            raise CommandError(f"input {name!r}: data is not a {dtype} array: {exc}",
+                               field=f"{field}.data") from None
+        if arr.ndim > MAX_RANK or arr.size > MAX_ELEMENTS:
+            raise CommandError(f"input {name!r}: data exceeds rank {MAX_RANK} or "
+                               f"{MAX_ELEMENTS} elements", field=f"{field}.data")
+        if shape is not None:
+            count = 1
+            for dim in shape:
+                count *= dim
+            if count != arr.size:
+                raise CommandError(f"input {name!r}: {arr.size} values do not fill shape "
+                                   f"{shape}", field=f"{field}.shape")
+            arr = arr.reshape(shape)
+        out[str(name)] = arr
+    return out
+
+
+def tensors_to_json(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Named arrays as ``{NAME: {"data": flat list, "dtype", "shape"}}``."""
+    result: dict[str, Any] = {}
+    for name, value in outputs.items():
+        arr = np.asarray(value)
+        result[name] = {"data": arr.ravel().tolist(), "dtype": str(arr.dtype),
+                        "shape": list(arr.shape)}
+    return result
+
+
+def tensors_from_npz(raw: bytes, field_prefix: str = "inputs") -> dict[str, np.ndarray]:
+    """Read an ``.npz`` archive (no pickles) into named arrays; names come from the archive."""
+    try:
+        archive = np.load(io.BytesIO(raw), allow_pickle=False)
+        # A bare .npy also loads (as one ndarray); only an archive carries names.
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise CommandError("payload is not an .npz archive", field="payload")
+        with archive:
+            out = {name: archive[name] for name in archive.files}
+    except CommandError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise CommandError(f"payload is not an .npz archive: {exc}", field="payload") from None
+    for name, arr in out.items():
+        if str(arr.dtype) not in ALLOWED_DTYPES:
+            raise CommandError(f"input {name!r}: dtype {arr.dtype} is not allowed; allowed: "
+                               f"{', '.join(ALLOWED_DTYPES)}",
+                               field=f"{field_prefix}.{name}.dtype")
+    return out
+
+
+def tensors_to_npz(outputs: dict[str, np.ndarray]) -> bytes:
+    """Named arrays as ``.npz`` bytes (uncompressed: tensors rarely compress well)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{name: np.asarray(a) for name, a in outputs.items()})
+    return buf.getvalue()
