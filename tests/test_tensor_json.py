@@ -99,3 +99,10 @@ def test_npy_is_not_npz() -> None:
     with pytest.raises(CommandError) as err:
         tensors_from_npz(buf.getvalue())
     assert err.value.field == "payload"
+
+
+def test_npz_names_that_are_savez_keywords_survive() -> None:
+    arrays = {"file": np.ones(2, np.float32), "allow_pickle": np.zeros(3, np.int8)}
+    back = tensors_from_npz(tensors_to_npz(arrays))
+    assert sorted(back) == ["allow_pickle", "file"]
+    np.testing.assert_array_equal(back["allow_pickle"], arrays["allow_pickle"])

@@ -125,6 +125,11 @@ def tensors_from_npz(raw: bytes, field_prefix: str = "inputs") -> dict[str, np.n
 
 def tensors_to_npz(outputs: dict[str, np.ndarray]) -> bytes:
     """Named arrays as ``.npz`` bytes (uncompressed: tensors rarely compress well)."""
+    # Written member by member rather than with np.savez, whose own keyword arguments
+    # (file, allow_pickle) would collide with tensors of those names.
     buf = io.BytesIO()
-    np.savez(buf, **{name: np.asarray(a) for name, a in outputs.items()})
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
+        for name, value in outputs.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
     return buf.getvalue()
