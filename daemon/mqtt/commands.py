@@ -32,6 +32,7 @@ from edgepilot.commands import reply_for
 from edgepilot.errors import BusyError, CommandError, EdgepilotError
 from edgepilot.mqtt.outbox import OutMessage
 from edgepilot.mqtt.topics import Topics
+from edgepilot.serving.commands import NPZ_CONTENT_TYPE, infer_npz
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 MAX_INFLIGHT = 32
 DEDUP_SIZE = 512
 _PENDING = object()  # LRU marker: the command is still running
+# Verbs whose replies are not kept for redelivery: they change nothing, so running one twice is
+# harmless, and their replies (tensors) can be megabytes each.
+NO_REPLAY = frozenset({"infer"})
 
 
 class CommandTransport:
@@ -66,9 +70,11 @@ class CommandTransport:
             return
         response_topic: str | None = None
         correlation: bytes | None = None
+        content_type: str | None = None
         if self.v5 and properties is not None:
             response_topic = getattr(properties, "ResponseTopic", None) or None
             correlation = getattr(properties, "CorrelationData", None) or None
+            content_type = getattr(properties, "ContentType", None) or None
         reply_topic = response_topic or self.topics.reply(verb)
         try:
             if response_topic is not None and (any(c in response_topic for c in "+#\0")
@@ -78,6 +84,10 @@ class CommandTransport:
                 raise CommandError("the MQTT 5 response topic must be a topic name of at most "
                                    "1024 characters, without wildcards (+, #) or NUL",
                                    field="response_topic")
+            if verb == "infer" and content_type == NPZ_CONTENT_TYPE:
+                # the one binary command: tensors stay .npz both ways, the rest in properties
+                self._start_npz(payload, properties, reply_topic, correlation)
+                return
             params, req_id, reply_to = self._parse(payload)
             if reply_to is not None and response_topic is None:
                 reply_topic = self.topics.check_reply_to(reply_to)
@@ -85,7 +95,7 @@ class CommandTransport:
             self._reply(reply_topic, correlation, None, reply_for(exc=exc))
             return
         key_id = correlation.hex() if correlation is not None else req_id
-        key = (reply_topic, key_id) if key_id is not None else None
+        key = (reply_topic, key_id) if key_id is not None and verb not in NO_REPLAY else None
         if key is not None and key in self._seen:
             self._seen.move_to_end(key)
             cached = self._seen[key]
@@ -105,11 +115,14 @@ class CommandTransport:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _parse(self, payload: bytes) -> tuple[Any, str | None, Any]:
+    def _check_size(self, payload: bytes) -> None:
         if len(payload) > self.max_payload_bytes:
             raise CommandError(f"payload of {len(payload)} bytes is over the "
                                f"{self.max_payload_bytes}-byte limit ([mqtt] max_payload_bytes)",
                                field="payload")
+
+    def _parse(self, payload: bytes) -> tuple[Any, str | None, Any]:
+        self._check_size(payload)
         try:
             text = payload.decode("utf-8")
             data = json.loads(text) if text.strip() else {}
@@ -159,14 +172,49 @@ class CommandTransport:
         if req_id is not None:
             out["id"] = req_id
         props = None
-        if self.v5 and correlation is not None:
+        if self.v5:
+            # the content type tells a binary (.npz) infer client an error reply from outputs
             props = Properties(PacketTypes.PUBLISH)
-            props.CorrelationData = correlation
+            props.ContentType = "application/json"
+            if correlation is not None:
+                props.CorrelationData = correlation
         try:
             payload = json.dumps(out, default=str).encode()
         except (TypeError, ValueError) as exc:
             payload = json.dumps(reply_for(exc=exc)).encode()
         self.send(OutMessage(topic=topic, payload=payload, qos=self.qos, properties=props,
+                             spool=False))
+
+    def _start_npz(self, payload: bytes, properties: Any, reply_topic: str,
+                   correlation: bytes | None) -> None:
+        """Start a binary ``infer`` (raises CommandError for the caller's error reply)."""
+        self._check_size(payload)
+        user = dict(getattr(properties, "UserProperty", None) or [])
+        if len(self._tasks) >= MAX_INFLIGHT:
+            busy = BusyError(f"{MAX_INFLIGHT} MQTT commands are already running; retry later")
+            self._reply(reply_topic, correlation, None, reply_for(exc=busy))
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._run_npz(payload, user.get("model"), user.get("timeout_ms"), reply_topic,
+                          correlation), name="mqtt-cmd-infer-npz")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_npz(self, payload: bytes, model: str | None, timeout_ms: str | None,
+                       reply_topic: str, correlation: bytes | None) -> None:
+        try:
+            body, meta = await infer_npz(self.daemon.serving, payload, model, timeout_ms)
+        except Exception as exc:  # every failure becomes a (JSON) error reply
+            self.handled += 1
+            self._reply(reply_topic, correlation, None, reply_for(exc=exc))
+            return
+        self.handled += 1
+        props = Properties(PacketTypes.PUBLISH)
+        props.ContentType = NPZ_CONTENT_TYPE
+        if correlation is not None:
+            props.CorrelationData = correlation
+        props.UserProperty = list(meta.items())
+        self.send(OutMessage(topic=reply_topic, payload=body, qos=self.qos, properties=props,
                              spool=False))
 
     async def close(self) -> None:
