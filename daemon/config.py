@@ -181,8 +181,10 @@ class MqttSection(Section):
         10_000, ge=10, le=10_000_000,
         description="Messages kept while the broker is away (oldest dropped).")
     spool: bool = Field(False, description="Also spool the buffer to the state dir.")
-    max_payload_bytes: int = Field(256 * 1024, ge=256, le=64 * 1024 * 1024,
-                                   description="Largest command payload accepted.")
+    # 4 MiB: an infer request carries tensors (a 224x224x3 float image is ~1.5 MB as JSON)
+    max_payload_bytes: int = Field(4 * 1024 * 1024, ge=256, le=64 * 1024 * 1024,
+                                   description="Largest command payload accepted (infer "
+                                               "tensors included); larger ones get an error.")
     reconnect_min_s: float = Field(1.0, ge=0.05, le=60, description="First reconnect delay.")
     reconnect_max_s: float = Field(60.0, ge=0.1, le=3600, description="Reconnect backoff cap.")
     homeassistant_discovery: bool = Field(False, description="Publish Home Assistant discovery.")
