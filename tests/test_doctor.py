@@ -62,6 +62,7 @@ def test_doctor_reads_a_fake_board_tree(tmp_path: Path) -> None:
     assert board["identity"]["family"] == "jetson-orin"
     assert {p["name"] for p in board["policies"]} == {"policy0", "policy4"}
     assert any(d["name"] == "17000000.gpu" and d["kind"] == "gpu" for d in board["devfreq"])
+    assert [Path(p).name for p in board["profile_files"]] == ["generic.toml", "jetson-orin.toml"]
     assert report["mqtt"]["reachable"] is None
     # a fake root never runs the vendor tools found on PATH
     assert board["vendor_tools"]["nvpmodel"]["path"] is None

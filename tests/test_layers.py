@@ -21,4 +21,4 @@ def test_import_contracts_hold() -> None:
     assert result.returncode == 0, report
     assert "0 broken" in report, report
     # every contract was read and checked, none silently skipped
-    assert "Contracts: 3 kept" in report, report
+    assert "Contracts: 4 kept" in report, report

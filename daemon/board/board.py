@@ -168,9 +168,8 @@ class Board:
 
     # ---- report ----------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
-        """JSON-serialisable description of the board for ``doctor``."""
-        from edgepilot.dvfs.profiles import matching_profile_files
-
+        """JSON-serialisable description of the board for ``doctor`` (which adds the profile
+        files that match it: profiles are the DVFS layer's, above this one)."""
         s = self.sample()
         policies = [{
             "name": p.name, "cpus": list(p.cpus), "online": p.online,
@@ -196,7 +195,6 @@ class Board:
             "energy_j": s.energy_j,
             "thermal_zones": zone_readings(self.fs),
             "temps_c": s.temps_c,
-            "profile_files": [str(p) for p in matching_profile_files(self.identity)],
             "writable": {self.fs.rel(f): self.fs.is_writable(f) for f in self.writable_files()},
         }
 

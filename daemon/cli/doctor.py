@@ -85,9 +85,13 @@ def check_mqtt(config: Config, timeout: float = 3.0) -> dict[str, Any]:
 
 def board_report(config: Config) -> dict[str, Any]:
     from edgepilot.board import Board
+    from edgepilot.dvfs.profiles import matching_profile_files
 
     try:
-        report = dict(Board(config.daemon.sysfs_root).report())
+        board = Board(config.daemon.sysfs_root)
+        report = dict(board.report())
+        # which profile files match is the DVFS layer's knowledge, not the board's
+        report["profile_files"] = [str(p) for p in matching_profile_files(board.identity)]
     except Exception as exc:  # doctor reports, it never dies on a strange board
         return {"error": f"{type(exc).__name__}: {exc}"}
     if str((report.get("identity") or {}).get("family", "")).startswith("jetson"):
