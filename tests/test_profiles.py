@@ -9,7 +9,7 @@ from board_fixtures import ALL_BOARDS, FakeBoard, any_board, fake_board, orin
 
 from edgepilot.board import Board
 from edgepilot.dvfs.profiles import ProfileStore, builtin_dir, load_file
-from edgepilot.dvfs.resolve import build_plan, limit_order, snap
+from edgepilot.dvfs.write_plan import build_plan, limit_order, snap
 from edgepilot.errors import ProfileError
 
 __all__ = ["any_board", "fake_board", "orin"]

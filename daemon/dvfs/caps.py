@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot.board import Board
-from edgepilot.dvfs.resolve import limit_order
+from edgepilot.dvfs.write_plan import limit_order
 
 Limits = tuple[int | None, int | None]   # (min, max) in the device's unit (kHz or Hz)
 

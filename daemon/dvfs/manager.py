@@ -1,10 +1,12 @@
 """ProfileManager: apply DVFS profiles as transactions, restore what we changed, undo crashes.
 
-Apply: validate the whole plan against the board, journal the original texts (fsync'd), run
-nvpmodel / jetson_clocks, write governors and limits in an order the kernel accepts, read each
-back; on any failure put every file back as it was before this apply, in reverse order.
-Restore: files that still hold what we applied go back to their original text; files somebody
-else changed since are left alone and reported as ``profile.conflict`` events.
+Apply: validate the whole plan against the board, journal the original texts of every file a
+profile or a vendor tool may change (fsync'd, before the first tool run or write), run nvpmodel /
+jetson_clocks, write governors and limits in an order the kernel accepts, read each back; on any
+failure put every file back as it was before this apply, in reverse order.
+Restore: files that still hold what we applied go back to their original text and are read
+again (edgepilot.dvfs.restore); files somebody else changed since are left alone and reported
+as ``profile.conflict`` events. The journal goes only after a verified restore.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import Any
 from edgepilot.board import Board
 from edgepilot.dvfs import journal as jr
 from edgepilot.dvfs.caps import LimitCaps
-from edgepilot.dvfs.profiles import Profile, ProfileStore
-from edgepilot.dvfs.resolve import Plan, build_plan, limit_order, target_steps
-from edgepilot.dvfs.thermal import validate_limits
+from edgepilot.dvfs.catalog import ProfileCatalog
+from edgepilot.dvfs.profiles import ProfileStore
+from edgepilot.dvfs.restore import mismatches, named, put_back, restore_files, snapshot
 from edgepilot.dvfs.tools import JetsonClocks, NvpModel, ToolLocation, locate_tool
-from edgepilot.errors import BoardError, EdgepilotError, NotFoundError, ProfileError
+from edgepilot.dvfs.write_plan import WritePlan, target_steps
+from edgepilot.errors import BoardError, EdgepilotError, ProfileError
 from edgepilot.events import EventBus
 
 log = logging.getLogger(__name__)
@@ -33,12 +36,9 @@ JETSON_CLOCKS_STORE = "jetson_clocks.conf"
 Writes = list[dict[str, str]]
 Steps = list[tuple[Path, str]]
 Errors = list[str]
-_GOV = ("scaling_governor", "governor")
-_MIN = ("scaling_min_freq", "min_freq")
-_MAX = ("scaling_max_freq", "max_freq")
 
 
-class ProfileManager:
+class ProfileManager(ProfileCatalog):
     """Owns every DVFS write of one board. Methods block (sysfs, tools): call them from a
     worker thread (``daemon.run_blocking``) in async code."""
 
@@ -87,105 +87,6 @@ class ProfileManager:
             self.jetson_clocks = JetsonClocks(self.tools["jetson_clocks"],
                                               self.command_timeout_s)
 
-    # ---- queries -------------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        """Cheap (no board reads): active profile, vendor tools, thermal guard; for the
-        daemon's ``status``."""
-        return {"active": self.active_name, "tools": self.tools_report(),
-                "thermal": self.thermal_state() if self.thermal_state is not None else None,
-                **self._reports()}
-
-    def _reports(self) -> dict[str, Any]:
-        return {name: fn() for name, fn in self.reporters.items()}
-
-    def profiles(self) -> dict[str, Profile]:
-        return self.store.for_board(self.board.identity)
-
-    def get(self, name: str) -> Profile:
-        profiles = self.profiles()
-        if name not in profiles:
-            raise NotFoundError(f"unknown profile {name!r} for this {self.board.identity.family} "
-                                f"board; allowed: {', '.join(sorted(profiles))}", field="name")
-        return profiles[name]
-
-    def list(self) -> list[dict[str, Any]]:
-        """Every profile for this board with whether it validates here."""
-        out = []
-        profiles = self.profiles()
-        for name, prof in sorted(profiles.items()):
-            entry: dict[str, Any] = {"name": name, "description": prof.spec.description,
-                                     "source": str(prof.source), "active": name == self.active_name}
-            try:
-                self._plan(prof, profiles)
-                entry["valid"], entry["error"] = True, None
-            except EdgepilotError as exc:
-                entry["valid"], entry["error"] = False, exc.message
-            out.append(entry)
-        return out
-
-    def show(self, name: str) -> dict[str, Any]:
-        """The merged profile and what it would set on this board."""
-        prof = self.get(name)
-        result = prof.as_dict()
-        result["tools"] = self.tools_report()
-        try:
-            result["plan"] = self._plan(prof).as_dict()
-        except EdgepilotError as exc:
-            result["plan"], result["error"] = None, exc.message
-        return result
-
-    def status(self) -> dict[str, Any]:
-        """Active profile, journal, current clocks, vendor tools and the thermal guard."""
-        journal = jr.load(self.state_dir)
-        sample = self.board.sample()
-        if self.thermal_state is not None:
-            thermal = self.thermal_state()
-        else:  # CLI, or a daemon without telemetry: limits are known but nobody watches them
-            limits = None
-            if self.active_name is not None:
-                try:
-                    limits = self.get(self.active_name).spec.thermal.model_dump()
-                except EdgepilotError:
-                    limits = None
-            thermal = {"watching": False, "limits": limits}
-        return {
-            "active": self.active_name,
-            "family": self.board.identity.family,
-            "journal": str(jr.journal_path(self.state_dir)) if journal else None,
-            "since": journal.started if journal else None,
-            "changed_files": sorted(journal.original) if journal else [],
-            "cpu": sample.cpu,
-            "devfreq": sample.devfreq,
-            "tools": self.tools_report(),
-            "thermal": thermal,
-            "caps": self.caps.state(),
-            **self._reports(),
-        }
-
-    def tools_report(self) -> dict[str, dict[str, Any]]:
-        """Per vendor tool: its path, or why its steps are skipped / cannot run."""
-        return {name: loc.as_dict() for name, loc in self.tools.items()}
-
-    def _plan(self, prof: Profile, profiles: dict[str, Profile] | None = None) -> Plan:
-        """Validate ``prof`` on this board (clocks, thermal limits, tools) into a Plan."""
-        plan = build_plan(prof, self.board)
-        validate_limits(prof, profiles if profiles is not None else self.profiles(), self.board)
-        steps = (("nvpmodel", plan.nvpmodel is not None, f"nvpmodel -m {plan.nvpmodel}"),
-                 ("jetson_clocks", bool(plan.jetson_clocks), "jetson_clocks"))
-        for tool_name, wanted, what in steps:
-            tool = self.tools[tool_name]
-            if not wanted or tool.path is not None:
-                continue
-            if tool.error is not None:
-                raise ProfileError(f"{prof.source}: profiles.{prof.name}.{tool_name}: "
-                                   f"{tool.error}", field=tool_name)
-            plan.skipped.append(f"{what}: skipped: {tool.skip}")
-            if tool_name == "nvpmodel":
-                plan.nvpmodel = None
-            else:
-                plan.jetson_clocks = None
-        return plan
-
     # ---- apply ---------------------------------------------------------------------------------
     def apply(self, name: str, reason: str = "requested") -> dict[str, Any]:
         """Apply ``name`` transactionally; raise ProfileError (board unchanged) on failure.
@@ -208,6 +109,9 @@ class ProfileManager:
                 journal.jetson_clocks_locked = previous.jetson_clocks_locked
             for path, text in before.items():
                 journal.original.setdefault(path, text)
+            # on disk before any tool runs: a kill during nvpmodel -m (with the whole unit)
+            # finds every file it may have changed, cpuN/online included, in the journal
+            jr.save(self.state_dir, journal)
             ran_nvpmodel = ran_store = ran_unlock = False
             caps_before = self.caps.memento()
             try:
@@ -259,7 +163,7 @@ class ProfileManager:
                              skipped=plan.skipped, reason=reason)
             return result
 
-    def _write_plan(self, plan: Plan, baseline: dict[str, str]) -> Writes:
+    def _write_plan(self, plan: WritePlan, baseline: dict[str, str]) -> Writes:
         steps: Steps = []
         for tp in plan.targets:
             steps += target_steps(self.board.fs, tp, baseline)
@@ -273,16 +177,7 @@ class ProfileManager:
         return written
 
     def _snapshot(self) -> dict[str, str]:
-        """Exact text of every governor/min/max file of online devices (setspeed excluded:
-        it reads '<unsupported>' and is not a setting to restore)."""
-        snap: dict[str, str] = {}
-        for path in self.board.writable_files():
-            if path.name == "scaling_setspeed":
-                continue
-            text = self.board.read_value(path)
-            if text is not None:
-                snap[self.board.fs.rel(path)] = text
-        return snap
+        return snapshot(self.board)
 
     def _rollback(self, before: dict[str, str], journal: jr.Journal, previous: jr.Journal | None,
                   ran_nvpmodel: bool, ran_store: bool, ran_unlock: bool = False) -> None:
@@ -293,11 +188,14 @@ class ProfileManager:
             self._try(errors, self.nvpmodel.set_mode, journal.nvpmodel_before)
         if ran_unlock:
             self._try(errors, self.jetson_clocks.lock)
-        errors += self._put_back(before, only=None)
+        failed = put_back(self.board, before, only=None)
+        errors += named(mismatches(self.board, before, only=None), failed, before)
         if errors:
-            log.error("rollback incomplete: %s", "; ".join(errors))
+            # the in-flight journal stays: it holds every original, the next restore retries
+            log.error("rollback incomplete, DVFS journal %s kept: %s",
+                      jr.journal_path(self.state_dir), "; ".join(errors))
             self.events.emit("profile.rollback_incomplete", errors=errors)
-        if previous is None:
+        elif previous is None:
             jr.remove(self.state_dir)
         else:
             jr.save(self.state_dir, previous)
@@ -308,36 +206,6 @@ class ProfileManager:
             fn(*args)
         except EdgepilotError as exc:
             errors.append(exc.message)
-
-    def _put_back(self, target: dict[str, str], only: set[str] | None) -> Errors:
-        """Write original texts back where they differ, per device in a kernel-safe order;
-        governors last (reverse of apply). Returns the errors; never stops half-way."""
-        errors: Errors = []
-        by_dir: dict[Path, dict[str, str]] = {}
-        for rel, text in target.items():
-            if only is not None and rel not in only:
-                continue
-            path = self.board.fs.path(rel)
-            if self.board.read_value(path) != text:
-                by_dir.setdefault(path.parent, {})[path.name] = text
-        for directory in reversed(list(by_dir)):
-            files = by_dir[directory]
-            mins = [n for n in files if n in _MIN]
-            maxs = [n for n in files if n in _MAX]
-            new_min = _int(files[mins[0]]) if mins else None
-            new_max = _int(files[maxs[0]]) if maxs else None
-            cur_min = self.board.fs.read_int(directory / (mins[0] if mins else _MIN[0]))
-            cur_max = self.board.fs.read_int(directory / (maxs[0] if maxs else _MAX[0]))
-            order = []
-            for which in limit_order(cur_min, cur_max, new_min, new_max):
-                order += mins if which == "min" else maxs
-            order += [n for n in files if n not in order]
-            for name in order:
-                try:
-                    self.board.write_value(directory / name, files[name])
-                except BoardError as exc:
-                    errors.append(exc.message)
-        return errors
 
     # ---- restore -------------------------------------------------------------------------------
     def restore(self, reason: str = "requested") -> dict[str, Any]:
@@ -360,20 +228,14 @@ class ProfileManager:
                         conflicts.append({"path": rel, "ours": ours.strip(),
                                           "now": now.strip(),
                                           "original": journal.original.get(rel, "").strip()})
-            errors: Errors = []
-            if journal.jetson_clocks_store:
-                self._try(errors, self.jetson_clocks.restore, Path(journal.jetson_clocks_store))
-            if journal.nvpmodel_before is not None:
-                try:
-                    if self.nvpmodel.query()[0] != journal.nvpmodel_before:
-                        self.nvpmodel.set_mode(journal.nvpmodel_before)
-                except EdgepilotError as exc:
-                    errors.append(exc.message)
-            errors += self._put_back(journal.original, only=restore_set)
+            errors = restore_files(self.board, journal, restore_set, self.nvpmodel,
+                                   self.jetson_clocks)
             for c in conflicts:
                 self.events.emit("profile.conflict", profile=journal.profile, **c)
             if errors:
                 # keep the journal: the next restore (or start) tries again
+                log.error("DVFS restore (%s) not verified, journal %s kept: %s", reason,
+                          jr.journal_path(self.state_dir), "; ".join(errors))
                 self.events.emit("profile.restore_failed", profile=journal.profile, errors=errors)
                 raise ProfileError("restore incomplete, journal kept for a retry: "
                                    + "; ".join(errors))
@@ -402,10 +264,13 @@ class ProfileManager:
             try:
                 written = self.caps.set(directory, cap)
             except EdgepilotError as exc:
-                errors = self._put_back(before, only=None)
+                failed = put_back(self.board, before, only=None)
+                errors = named(mismatches(self.board, before, only=None), failed, before)
                 if errors:
-                    log.error("rollback of a cap incomplete: %s", "; ".join(errors))
-                if previous is None:
+                    # the in-flight journal stays: the next restore (or start) retries
+                    log.error("rollback of a cap not verified, DVFS journal %s kept: %s",
+                              jr.journal_path(self.state_dir), "; ".join(errors))
+                elif previous is None:
                     jr.remove(self.state_dir)
                 else:
                     journal.applied = completed
@@ -436,9 +301,3 @@ class ProfileManager:
                     journal.pid, journal.profile)
         return self.restore(reason="crash-recovery")
 
-
-def _int(text: str) -> int | None:
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None

@@ -23,11 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edgepilot.board import Board
-from edgepilot.board.thermal import zone_types
-from edgepilot.dvfs.profiles import Profile, ThermalLimits
-from edgepilot.dvfs.resolve import build_plan
-from edgepilot.errors import EdgepilotError, ProfileError
+from edgepilot.dvfs.profiles import ThermalLimits
+from edgepilot.errors import EdgepilotError
 from edgepilot.events import Event, EventBus
 
 if TYPE_CHECKING:
@@ -46,40 +43,6 @@ def readings(limits: ThermalLimits, temps: Mapping[str, float]) -> list[tuple[st
     """The checked zones' temperatures, hottest first (unreadable zones are not in temps)."""
     found = [(z, t) for z, t in temps.items() if zone_matches(z, limits.zones)]
     return sorted(found, key=lambda zt: (-zt[1], zt[0]))
-
-
-def validate_limits(profile: Profile, profiles: dict[str, Profile], board: Board) -> None:
-    """Refuse limits that could not act on this board: unknown zones, a fallback that does not
-    exist, loops or cannot be applied here. Checked before a profile is applied, so a bad
-    fallback is found now and not when the board is already hot."""
-    present = sorted(set(zone_types(board.fs).values()))
-    chain = [profile.name]
-    current = profile
-    while True:
-        lim = current.spec.thermal
-        where = f"{current.source}: profiles.{current.name}.thermal"
-        unknown = [z for z in lim.zones if z not in present]
-        if unknown:
-            raise ProfileError(f"{where}.zones: {unknown[0]!r} is not a thermal zone of this "
-                               f"board; allowed: {', '.join(present) or 'none (no zones)'}",
-                               field="thermal.zones")
-        target = lim.fallback
-        if target is None:
-            return
-        if target not in profiles:
-            raise ProfileError(f"{where}.fallback: unknown profile {target!r}; allowed: "
-                               f"{', '.join(sorted(set(profiles) - {current.name}))}",
-                               field="thermal.fallback")
-        if target in chain:
-            raise ProfileError(f"{where}.fallback: the fallback chain loops: "
-                               f"{' -> '.join([*chain, target])}", field="thermal.fallback")
-        chain.append(target)
-        current = profiles[target]
-        try:
-            build_plan(current, board)
-        except EdgepilotError as exc:
-            raise ProfileError(f"{where}.fallback: {target!r} cannot be applied on this board: "
-                               f"{exc.message}", field="thermal.fallback") from None
 
 
 @dataclass

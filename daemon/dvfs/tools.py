@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _MODE_RE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)\s*>")
 _QUERY_RE = re.compile(r"NV Power Mode:\s*(\S+)\s*\n\s*(\d+)")
+_PARAM_RE = re.compile(r"<\s*PARAM\s+TYPE=\w+\s+NAME=\w+\s*>\n(.*?)(?=\n\s*\n|\n<|\Z)", re.S)
 TOOL_NAMES = ("nvpmodel", "jetson_clocks")
 
 
@@ -34,6 +35,24 @@ def read_nvpmodel_modes(fs: Sysfs) -> dict[int, str]:
     if not text:
         return {}
     return {int(m.group(1)): m.group(2) for m in _MODE_RE.finditer(text)}
+
+
+def nvpmodel_files(fs: Sysfs) -> list[str]:
+    """Every board path /etc/nvpmodel.conf says nvpmodel writes (its PARAM blocks: CPU online,
+    CPU/GPU/EMC/DLA clock limits and caps, GPU power gating), frequency tables left out; empty
+    when there is no nvpmodel.conf. These are the files a killed ``nvpmodel -m`` can leave
+    half-changed, so the DVFS journal records them before the tool runs."""
+    text = fs.read_text(fs.path("/etc/nvpmodel.conf"))
+    if not text:
+        return []
+    paths: list[str] = []
+    for block in _PARAM_RE.finditer(text):
+        for line in block.group(1).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].startswith("/") \
+                    and not parts[0].startswith("FREQ_TABLE") and parts[1] not in paths:
+                paths.append(parts[1])
+    return paths
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
-"""Turn a profile into concrete writes for one board, validating everything before any write.
+"""A profile turned into the writes that put it on one board, validated before any write.
 
+:func:`build_plan` resolves a profile against the board into a :class:`WritePlan` (per policy or
+devfreq device: governor, min, max, setspeed; the vendor-tool steps); :func:`target_steps` orders
+one device's writes so the kernel never sees min > max; :func:`validate_limits` checks a
+profile's thermal fallback chain. The ProfileManager runs the steps; nothing here writes.
 Frequencies are resolved against each device's own table (ascending or descending on disk,
 sorted here), snapped to the nearest entry; governors come from the device's available list.
 Every refusal names the profile file, the key and the allowed values.
@@ -15,6 +19,7 @@ from typing import Any
 from edgepilot.board import Board
 from edgepilot.board.cpufreq import Policy
 from edgepilot.board.sysfs import Sysfs
+from edgepilot.board.thermal import zone_types
 from edgepilot.dvfs.profiles import (
     CPU_SELECTORS_HELP,
     DEVFREQ_SELECTORS_HELP,
@@ -22,7 +27,7 @@ from edgepilot.dvfs.profiles import (
     FreqSpec,
     Profile,
 )
-from edgepilot.errors import ProfileError
+from edgepilot.errors import EdgepilotError, ProfileError
 
 KINDS = ("gpu", "npu", "memory", "other")
 
@@ -56,7 +61,10 @@ class TargetPlan:
 
 
 @dataclass
-class Plan:
+class WritePlan:
+    """Everything one profile sets on this board: per-device targets and the vendor-tool steps
+    (``nvpmodel`` mode id, ``jetson_clocks`` lock); ``skipped`` says what does not apply here."""
+
     profile: str
     source: Path
     targets: list[TargetPlan] = field(default_factory=list)
@@ -162,11 +170,11 @@ def _fill(tp: TargetPlan, cs: ClockSettings, governors: tuple[str, ...], table: 
                            "set min <= max", field=f"{where}.min")
 
 
-def build_plan(profile: Profile, board: Board) -> Plan:
+def build_plan(profile: Profile, board: Board) -> WritePlan:
     """Validate ``profile`` against ``board`` and return what to write, in no particular order."""
     spec = profile.spec
     src = f"{profile.source}: profiles.{profile.name}"
-    plan = Plan(profile.name, profile.source)
+    plan = WritePlan(profile.name, profile.source)
     policies = board.policies()
     if spec.cpu and not policies:
         raise ProfileError(f"{src}.cpu: this board has no cpufreq policies", field="cpu")
@@ -222,6 +230,40 @@ def _nvpmodel_id(mode: int | str, board: Board, where: str) -> int:
             return mid
     allowed = ", ".join(f"{i} ({n})" for i, n in modes.items())
     raise ProfileError(f"{where}: unknown nvpmodel mode {mode!r}; allowed: {allowed}", field=where)
+
+
+def validate_limits(profile: Profile, profiles: dict[str, Profile], board: Board) -> None:
+    """Refuse limits that could not act on this board: unknown zones, a fallback that does not
+    exist, loops or cannot be applied here. Checked before a profile is applied, so a bad
+    fallback is found now and not when the board is already hot."""
+    present = sorted(set(zone_types(board.fs).values()))
+    chain = [profile.name]
+    current = profile
+    while True:
+        lim = current.spec.thermal
+        where = f"{current.source}: profiles.{current.name}.thermal"
+        unknown = [z for z in lim.zones if z not in present]
+        if unknown:
+            raise ProfileError(f"{where}.zones: {unknown[0]!r} is not a thermal zone of this "
+                               f"board; allowed: {', '.join(present) or 'none (no zones)'}",
+                               field="thermal.zones")
+        target = lim.fallback
+        if target is None:
+            return
+        if target not in profiles:
+            raise ProfileError(f"{where}.fallback: unknown profile {target!r}; allowed: "
+                               f"{', '.join(sorted(set(profiles) - {current.name}))}",
+                               field="thermal.fallback")
+        if target in chain:
+            raise ProfileError(f"{where}.fallback: the fallback chain loops: "
+                               f"{' -> '.join([*chain, target])}", field="thermal.fallback")
+        chain.append(target)
+        current = profiles[target]
+        try:
+            build_plan(current, board)
+        except EdgepilotError as exc:
+            raise ProfileError(f"{where}.fallback: {target!r} cannot be applied on this board: "
+                               f"{exc.message}", field="thermal.fallback") from None
 
 
 def limit_order(cur_min: int | None, cur_max: int | None, new_min: int | None,
