@@ -24,3 +24,9 @@ class LlamacppSection(BaseModel):
     flash_attn: bool = Field(False, description="Use flash attention when the build has it.")
     kv_cache_type: Literal["f16", "f32", "q8_0", "q4_0"] = Field(
         "f16", description="KV cache element type.")
+    parallel: int = Field(
+        1, ge=1, le=64,
+        description="Chats one model generates at once, as sequences of one llama.cpp context "
+                    "(continuous batching), each with n_ctx / parallel tokens of it (llama.cpp "
+                    "rounds each share up to a multiple of 256); 1 = one request at a time.")
+

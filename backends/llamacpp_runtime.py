@@ -1,0 +1,206 @@
+"""The llama.cpp runtime as every GGUF executable uses it: the one thread that computes, the
+import of llama-cpp-python, and the bookkeeping shared by the one-at-a-time and the parallel
+executables (usage counted like llama.cpp's own response, cancellation, refused requests).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from edgepilot.backends.base import BackendUnavailable
+from edgepilot.backends.native_log import route_llama_logs
+from edgepilot.errors import CommandError
+
+T = TypeVar("T")
+
+
+class LlamaThread:
+    """The one thread that runs every llama.cpp computation of the process.
+
+    llama.cpp's CPU backend is built with OpenMP here: each thread that starts a parallel
+    computation becomes the master of its own pool of OpenMP threads, kept for reuse. Once the
+    process holds more OpenMP threads than cores (two masters with two threads each on a 2-core
+    board), libgomp throttles its spin-waits and every barrier, hundreds per token, goes through
+    a futex. Multi-threaded decode then ran 3x slower (27 vs 8.6 ms/token for SmolLM2-135M on
+    2 threads) in the daemon, whose requests landed on whichever executor thread was free and
+    whose plan measured on yet another, while 1 thread (no parallel region) was unaffected: the
+    plan chose 1 thread and decode ran at 0.5x raw. One master keeps one pool.
+
+    Requests to llama.cpp are serialised per device anyway, so one thread costs no concurrency
+    on a CPU board. Callers on this thread run directly; others hand the call over and wait.
+    """
+
+    def __init__(self) -> None:
+        self._ident: int | None = None
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="llama.cpp", initializer=self._mark)
+
+    def _mark(self) -> None:
+        self._ident = threading.get_ident()
+
+    def here(self) -> bool:
+        """Whether the caller is the llama.cpp thread."""
+        return threading.get_ident() == self._ident
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on the llama.cpp thread (its exceptions re-raised here)."""
+        if self.here():
+            return fn(*args, **kwargs)
+        return self.executor.submit(fn, *args, **kwargs).result()
+
+    def iterate(self, start: Callable[[], Iterator[T]]) -> Iterator[T]:
+        """The items of ``start()``, produced on the llama.cpp thread.
+
+        From another thread the items are handed over one by one; a consumer that stops early
+        stops the producer after its current item and waits for it to leave llama.cpp."""
+        if self.here():
+            yield from start()
+            return
+        items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                with contextlib.closing(iter(start())) as it:  # type: ignore[type-var]
+                    for item in it:
+                        items.put(("item", item))
+                        if stop.is_set():
+                            break
+                items.put(("end", None))
+            except BaseException as exc:  # re-raised in the consumer
+                items.put(("error", exc))
+
+        fut = self.executor.submit(produce)
+        try:
+            while True:
+                kind, item = items.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            fut.result()
+
+
+LLAMA_THREAD = LlamaThread()
+
+
+def import_llama_cpp() -> Any:
+    """The ``llama_cpp`` module, its native log routed to ours; BackendUnavailable without it."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"llama-cpp-python is not installed ({exc}); pip install 'edgepilot[gguf]'") from None
+    route_llama_logs(llama_cpp)
+    return llama_cpp
+
+
+_counting_class: Any = None
+
+
+def counting_llama(llama_cpp: Any) -> Any:
+    """``llama_cpp.Llama`` that records what it samples during one generation.
+
+    llama-cpp-python reports usage only in its non-streamed response, where completion tokens are
+    the tokens it kept: every sampled token except an end-of-generation one (a token that
+    completes a ``stop`` string is kept, and counted). A stream carries no usage, and the sampler
+    alone cannot tell an EOG stop from a stop string (both end with ``finish_reason="stop"``), so
+    the sampled ids themselves are kept here and :func:`usage_of` applies the same rule.
+    The time of each sample is kept too: their spacing is the decode speed the client got.
+    """
+    global _counting_class
+    if _counting_class is None:
+        class CountingLlama(llama_cpp.Llama):  # type: ignore[misc, name-defined]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.sampled: list[int] = []
+                self.sample_times: list[float] = []
+                self.prompt_len = 0
+
+            def sample(self, *args: Any, **kwargs: Any) -> Any:
+                token = super().sample(*args, **kwargs)
+                if not self.sampled:
+                    # generate() evaluates the whole prompt before its first sample
+                    self.prompt_len = int(self.n_tokens)
+                self.sampled.append(int(token))
+                self.sample_times.append(time.perf_counter())
+                return token
+
+        _counting_class = CountingLlama
+    return _counting_class
+
+
+def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, int]:
+    """Usage of the last generation of a counting llama, as llama.cpp's own response counts it.
+
+    ``empty_prompt``: llama-cpp-python seeds the completion of an empty prompt with BOS and
+    counts it as a completion token; the same is done here.
+    """
+    llama_cpp = import_llama_cpp()
+    sampled = list(llm.sampled)
+    completion = len(sampled)
+    if sampled and llama_cpp.llama_vocab_is_eog(llm._model.vocab, sampled[-1]):
+        completion -= 1  # the EOG token ends generation and is not part of the completion
+    completion += 1 if empty_prompt else 0
+    prompt = int(llm.prompt_len)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+class ThreadGovernor(Protocol):
+    """Who decides a loaded model's thread count request by request, and hears how fast each
+    request decoded (the GGUF plan and its live check). Called under the model's lock, in the
+    worker thread that runs the request: it must not wait on anything slow."""
+
+    def threads_for_request(self) -> int | None:
+        """The thread count for the next request (None: leave it as it is)."""
+
+    def observed(self, n_threads: int, decode_ms_per_token: float, tokens: int) -> None:
+        """One request decoded ``tokens`` tokens after its first at ``decode_ms_per_token``."""
+
+
+
+def cancellable(params: dict[str, Any], cancel: threading.Event | None,
+                 eos: int) -> dict[str, Any]:
+    """``params`` with a logits processor that ends the generation at the next token once
+    ``cancel`` is set (a client gone, a shutdown past its drain deadline): only end-of-sequence
+    stays possible. Without it a generation that yields nothing for a while (held-back partial
+    UTF-8, a non-streamed request) runs to ``max_tokens`` and keeps the process from exiting.
+    (Raising instead does not work: llama-cpp-python calls processors from a C callback that
+    prints exceptions and carries on.)"""
+    if cancel is None:
+        return params
+
+    def check(input_ids: Any, scores: Any) -> Any:
+        if cancel.is_set():
+            scores[:] = -np.inf
+            scores[eos] = 0.0
+        return scores
+
+    llama_cpp = import_llama_cpp()
+    processors = llama_cpp.LogitsProcessorList([*(params.get("logits_processor") or []), check])
+    return {**params, "logits_processor": processors}
+
+
+@contextlib.contextmanager
+def refused_as_bad_request(field: str) -> Iterator[None]:
+    """llama-cpp-python refuses a request it cannot take (a prompt longer than the context
+    window, an option the model was not loaded for) with ``ValueError``: that is the client's
+    input, so it becomes a 400 naming the field, not an internal error."""
+    try:
+        yield
+    except ValueError as exc:
+        raise CommandError(f"llama.cpp refused the request: {exc}; shorten the input or raise "
+                           "n_ctx ([backends.llamacpp] or the model's n_ctx)",
+                           field=field) from None
