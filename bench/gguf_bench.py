@@ -48,8 +48,8 @@ import llama_cpp
 from edgepilot.config import parse_config
 from edgepilot.dispatch.gguf_select import thread_candidates
 from edgepilot.dispatch.service import attach as attach_dispatch
-from edgepilot.lifecycle import Daemon
 from edgepilot.formats import files, gguf_info
+from edgepilot.lifecycle import Daemon
 from edgepilot.serving.service import attach as attach_models
 
 N_CTX = 2048

@@ -1,8 +1,11 @@
 """The daemon: one asyncio loop, services started in order and stopped in reverse.
 
-Capabilities attach themselves through ``attach(daemon) -> list[Service]`` functions listed in
-:data:`CAPABILITIES`; each sets its attribute on the daemon (``daemon.board`` ...), registers its
-commands on ``daemon.commands`` and returns the services to start. HTTP starts first (so
+This is the composition root. Capabilities are attached in :meth:`Daemon.attach_capabilities`,
+written out in order: each ``attach(daemon) -> list[Service]`` builds its component with its
+real type (``daemon.board``, ``daemon.serving`` ...), registers its commands on
+``daemon.commands`` and returns the services to start; the few links between components that
+are made after both exist (the dispatcher into the registry and the serving layer) are made
+there too, in plain sight. HTTP starts first (so
 ``/healthz`` answers during start-up, ``/readyz`` says why it is not ready yet), READY=1 is sent
 once every service started. SIGTERM/SIGINT stop intake, drain with a deadline, stop services in
 reverse order and exit 0; SIGHUP reloads the config (an invalid one is kept out and logged).
@@ -13,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import importlib
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 
@@ -32,23 +34,22 @@ from edgepilot.events import EventBus
 from edgepilot.sdnotify import Notifier, watchdog_interval_s
 from edgepilot.telemetry.work import WorkMeter
 
+if TYPE_CHECKING:
+    from edgepilot.backends.backend_set import BackendSet
+    from edgepilot.board.board import Board
+    from edgepilot.dispatch.dispatcher import Dispatcher
+    from edgepilot.dvfs.manager import ProfileManager
+    from edgepilot.http.server import HttpServer
+    from edgepilot.mqtt.service import MqttService
+    from edgepilot.serving.core import Serving
+    from edgepilot.serving.devices import DeviceQueues
+    from edgepilot.serving.generate import Generator
+    from edgepilot.serving.registry import ModelRegistry
+    from edgepilot.telemetry.sampler import TelemetrySampler
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SERVICE_STOP_MIN_S = 5.0
-
-# Order matters: start in this order, stop in reverse (MQTT says "offline" before the board is
-# restored; models unload before DVFS is put back).
-CAPABILITIES: list[str] = [
-    "edgepilot.status",
-    "edgepilot.dvfs.service",
-    "edgepilot.serving.service",
-    "edgepilot.dispatch.service",
-    "edgepilot.telemetry.service",
-    "edgepilot.mqtt.service",
-    # SLO pick and power cap: read telemetry, publish events, stop before DVFS restores
-    "edgepilot.dvfs.energy",
-]
-
 
 @runtime_checkable
 class Service(Protocol):
@@ -88,14 +89,19 @@ class Daemon:
         self.stopping = False
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Set by capabilities in attach(); typed loosely to keep modules decoupled.
-        self.board: Any = None
-        self.profiles: Any = None
-        self.telemetry: Any = None
-        self.mqtt: Any = None
-        self.models: Any = None
-        self.dispatcher: Any = None
-        self.http_server: Any = None
+        # Built by the capabilities in attach_capabilities(), in that order. None only before
+        # then, or where a capability is switched off (dispatch disabled still has one).
+        self.board: Board | None = None
+        self.profiles: ProfileManager | None = None
+        self.devices: DeviceQueues
+        self.backends: BackendSet
+        self.models: ModelRegistry
+        self.serving: Serving
+        self.generator: Generator
+        self.dispatcher: Dispatcher
+        self.telemetry: TelemetrySampler | None = None
+        self.mqtt: MqttService | None = None
+        self.http_server: HttpServer | None = None
         Info("edgepilot_build", "edgepilot version", registry=self.metrics).info(
             {"version": __version__})
         self._up = Gauge("edgepilot_up", "1 while the daemon is serving", registry=self.metrics)
@@ -126,11 +132,34 @@ class Daemon:
     def model_dir(self) -> Path:
         return self.config.model_dir
 
+    def running_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The daemon's loop once it runs (None before: CLI use, tests building parts)."""
+        return self._loop
+
     def attach_capabilities(self) -> None:
-        for modname in CAPABILITIES:
-            module = importlib.import_module(modname)
-            services = module.attach(self)
-            self.services.extend(services or [])
+        """Build every component, in start order (stop is the reverse: MQTT says "offline"
+        before the board is restored; models unload before DVFS is put back)."""
+        from edgepilot import status
+        from edgepilot.dispatch import service as dispatch_service
+        from edgepilot.dvfs import energy as energy_service
+        from edgepilot.dvfs import service as dvfs_service
+        from edgepilot.mqtt import service as mqtt_service
+        from edgepilot.serving import service as serving_service
+        from edgepilot.telemetry import service as telemetry_service
+
+        self.services.extend(status.attach(self))
+        self.services.extend(dvfs_service.attach(self))
+        self.services.extend(serving_service.attach(self))
+        self.services.extend(dispatch_service.attach(self))
+        # the registry loads GGUF models with their plan and counts plan executables in its
+        # memory budget; the serving layer runs planned requests: both need the dispatcher,
+        # which itself finds model files through the registry
+        self.models.dispatcher = self.dispatcher
+        self.serving.dispatcher = self.dispatcher
+        self.services.extend(telemetry_service.attach(self))
+        self.services.extend(mqtt_service.attach(self))
+        # SLO pick and power cap: read telemetry, publish events, stop before DVFS restores
+        self.services.extend(energy_service.attach(self))
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> int:

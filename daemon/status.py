@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 def status_snapshot(daemon: Daemon) -> dict[str, Any]:
     """Plain data shared by the status command, MQTT's retained status and the CLI."""
-    board = getattr(daemon.board, "identity", None)
     profiles = daemon.profiles
     return {
         "version": __version__,
@@ -23,12 +22,11 @@ def status_snapshot(daemon: Daemon) -> dict[str, Any]:
         "uptime_s": round(time.time() - daemon.started_at, 3),
         "ready": not daemon.not_ready_reasons(),
         "not_ready": daemon.not_ready_reasons(),
-        "board": board.as_dict() if board is not None and hasattr(board, "as_dict") else None,
-        "profile": getattr(profiles, "active_name", None),
+        "board": daemon.board.identity.as_dict() if daemon.board is not None else None,
+        "profile": profiles.active_name if profiles is not None else None,
         # vendor tools in use or skipped, thermal guard state: cheap, no board reads
         "dvfs": profiles.summary() if profiles is not None else None,
-        "backends": getattr(daemon.models, "backend_names", lambda: [])()
-        if daemon.models is not None else [],
+        "backends": daemon.models.backend_names(),
         "http": daemon.http_server.url if daemon.http_server is not None else None,
     }
 

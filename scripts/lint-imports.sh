@@ -5,6 +5,8 @@
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$root/.venv}
+# absolute: it is used after the cd below
+case $venv in /*) ;; *) venv=$(pwd)/$venv ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/edgepilot"

@@ -16,10 +16,10 @@ from daemon_proc import DaemonProcess
 from real_models import package_file
 
 from edgepilot.config import parse_config
-from edgepilot.lifecycle import Daemon
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
-from edgepilot.serving.service import attach
 from edgepilot.formats.tflite_gen import write_mlp_tflite
+from edgepilot.lifecycle import Daemon
+from edgepilot.serving.service import attach
 
 
 def wakeword_tflite(name: str = "alexa") -> Path:

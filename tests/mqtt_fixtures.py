@@ -271,10 +271,10 @@ class LoopThread:
 
 
 class InProcessDaemon:
-    """A Daemon with status, telemetry and MQTT attached and started on a LoopThread.
+    """A Daemon with status, serving, telemetry and MQTT attached and started on a LoopThread.
 
     The real services, the real broker; only the HTTP server and the other capabilities are
-    left out, which these tests do not exercise.
+    left out, which these tests do not exercise (serving loads nothing until asked).
     """
 
     def __init__(self, state_dir: Path, broker: Broker, *, mqtt_cfg: dict[str, Any] | None = None,
@@ -283,6 +283,7 @@ class InProcessDaemon:
         from edgepilot.config import parse_config
         from edgepilot.lifecycle import Daemon
         from edgepilot.mqtt import service as mqtt_service
+        from edgepilot.serving import service as serving_service
         from edgepilot.telemetry import service as telemetry_service
 
         mqtt_section = {"host": broker.host, "port": broker.port, "device_id": "dev1",
@@ -292,7 +293,7 @@ class InProcessDaemon:
                                                        "publish_interval_s": 3600},
                             "mqtt": mqtt_section})
         self.daemon = Daemon(cfg)
-        for mod in (status, telemetry_service, mqtt_service):
+        for mod in (status, serving_service, telemetry_service, mqtt_service):
             self.daemon.services.extend(mod.attach(self.daemon))
         self.lt = LoopThread()
         self.started = False

@@ -41,6 +41,7 @@ def test_a_thermal_fallback_replans_once(fake_board, tmp_path: Path,  # type: ig
     from edgepilot.dispatch import service as dispatch_service
     from edgepilot.dvfs import service as dvfs_service
     from edgepilot.lifecycle import Daemon
+    from edgepilot.serving import service as serving_service
     from edgepilot.telemetry import service as telemetry_service
 
     fake = fake_board("orin")
@@ -56,7 +57,7 @@ def test_a_thermal_fallback_replans_once(fake_board, tmp_path: Path,  # type: ig
                      "targets": ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"]},
         "telemetry": {"sample_interval_s": 0.1, "publish_interval_s": 3600}})
     daemon = Daemon(config)
-    for mod in (status, dvfs_service, telemetry_service, dispatch_service):
+    for mod in (status, dvfs_service, serving_service, telemetry_service, dispatch_service):
         daemon.services.extend(mod.attach(daemon))
     svc = next(s for s in daemon.services if isinstance(s, DispatchService))
     seen: list[str] = []   # subscribed after the service: it has handled what this sees

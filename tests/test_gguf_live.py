@@ -32,9 +32,9 @@ from edgepilot.dispatch.gguf_live import (
 from edgepilot.dispatch.gguf_select import Measurement, spread
 from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.errors import PlanError
-from edgepilot.lifecycle import Daemon
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
-from edgepilot.serving.queue import DeviceQueue, ThreadHold
+from edgepilot.lifecycle import Daemon
+from edgepilot.serving.devices import DeviceQueues
 from edgepilot.serving.service import attach as attach_models
 
 
@@ -217,11 +217,11 @@ def test_measuring_waits_for_the_request_holding_the_device_and_blocks_new_ones(
 
     async def scenario() -> None:
         d._loop = asyncio.get_running_loop()  # what Daemon.run() sets: the loop is serving
-        queue = d.models.queue("llamacpp/cpu")
+        queue = d.devices.queue("cpu")
         await queue.acquire()  # a request is on the device
         serving.set()
         planning = asyncio.ensure_future(d.run_blocking(md.prepare))
-        await _until(lambda: queue.waiting == 1)  # the measurement waits in line ...
+        await _until(lambda: queue.queued == 1)  # the measurement waits in line ...
         assert rounds == [] and md.plan is None  # ... having timed nothing
         serving.clear()
         queue.release()  # the request ends
@@ -291,20 +291,19 @@ def _hold_error(hold: Any) -> tuple[threading.Thread, list[str]]:
 @pytest.mark.parametrize("how", ["stop", "busy"])
 def test_a_measurement_waiting_for_the_devices_gives_up_and_says_why(how: str) -> None:
     loop, loop_thread = _loop_in_thread()
-    queue = DeviceQueue("llamacpp/cpu", 4)
+    devices = DeviceQueues(4)
+    queue = devices.queue("cpu")
     asyncio.run_coroutine_threadsafe(queue.acquire(), loop).result()  # a request holds it
-    measuring, errors = _hold_error(ThreadHold(loop, lambda: [queue],
-                                               timeout_s=300 if how == "stop" else 1))
-    while queue.waiting == 0:  # the measurement is in line
+    measuring, errors = _hold_error(devices.hold_all(300 if how == "stop" else 1))
+    while queue.queued == 0:  # the measurement is in line
         threading.Event().wait(0.01)
     if how == "stop":
-        loop.call_soon_threadsafe(loop.stop)  # the daemon exits meanwhile
+        devices.close()  # the daemon stops meanwhile
     measuring.join(timeout=60)
     assert not measuring.is_alive()
-    want = "the daemon is stopping" if how == "stop" else "the devices stayed busy for 1 s"
-    assert errors == [f"nothing could be measured alone: {want}" + (
-        "" if how == "stop" else "; retry when traffic is lower (plan.replan)")]
-    if how == "busy":
-        loop.call_soon_threadsafe(loop.stop)
+    want = ("the daemon is stopping" if how == "stop" else
+            "device cpu stayed busy for 1 s; retry when traffic is lower (plan.replan)")
+    assert errors == [f"nothing could be measured alone: {want}"]
+    loop.call_soon_threadsafe(loop.stop)
     loop_thread.join()
     loop.close()

@@ -26,9 +26,9 @@ from edgepilot.dispatch.gguf_select import (
     thread_candidates,
 )
 from edgepilot.errors import PlanError
-from edgepilot.lifecycle import Daemon
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
 from edgepilot.formats.gguf_info import COMPUTE_OVERHEAD_BYTES, read_gguf_info
+from edgepilot.lifecycle import Daemon
 
 MiB = 2**20
 PLAN_KEYS = {"model", "hash", "predicted_ms", "measured_ms", "layers"}
@@ -169,6 +169,7 @@ def test_registry_loads_gguf_with_the_plans_threads(tmp_path: Path) -> None:
         d = Daemon(config(tmp_path, gguf_threads=[1]))
         attach_models(d)
         attach_dispatch(d)
+        d.models.dispatcher = d.serving.dispatcher = d.dispatcher  # as attach_capabilities
         return d
 
     d = daemon()

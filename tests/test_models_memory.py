@@ -12,8 +12,8 @@ from models_fixtures import make_daemon
 from edgepilot.errors import ModelError
 from edgepilot.formats.memory import peak_live_bytes, tensor_memory
 from edgepilot.formats.onnx_gen import mlp_stack, small_cnn
-from edgepilot.serving.registry import ModelTooLarge
 from edgepilot.formats.tflite_gen import write_mlp_tflite
+from edgepilot.serving.registry import ModelTooLarge
 
 F32 = 4
 

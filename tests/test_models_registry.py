@@ -13,10 +13,10 @@ import pytest
 from models_fixtures import gguf_path, make_daemon, mlp_tflite  # noqa: F401 - fixtures
 
 from edgepilot.errors import BusyError, ModelError, NotFoundError
-from edgepilot.lifecycle import Daemon
 from edgepilot.formats import files
 from edgepilot.formats.demo import ensure_demo_models
-from edgepilot.serving.queue import DeviceQueue
+from edgepilot.lifecycle import Daemon
+from edgepilot.serving.devices import DeviceQueue
 from edgepilot.serving.registry import ModelRegistry, ModelTooLarge
 
 
@@ -87,11 +87,12 @@ def test_keep_alive_unloads_and_requests_reload(tmp_path: Path, mlp_tflite: Path
     x = np.ones((1, 32), np.float32)
 
     async def scenario() -> None:
-        out, plan = await d.models.run_tensor("m", {"input": x})
+        res = await d.serving.infer("m", {"input": x})
+        out, plan = res.outputs, res.plan
         assert plan == "single:tflite/xnnpack/fp32" and out["output"].shape == (1, 32)
         assert await d.models.reap() == ["m"]
         assert "m" not in d.models.loaded
-        out2, _ = await d.models.run_tensor("m", {"input": x})  # reloaded on demand
+        out2 = (await d.serving.infer("m", {"input": x})).outputs  # reloaded on demand
         np.testing.assert_array_equal(out["output"], out2["output"])
 
     asyncio.run(scenario())
@@ -188,7 +189,7 @@ def test_unload_waits_for_requests_holding_the_model(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         lm = await d.models.acquire("m")  # a request that holds the model, not yet on the device
-        queue = d.models.queue(lm.device)
+        queue = d.devices.for_target(str(lm.executable.target))
         await queue.acquire()  # another request is on the device
         unload = asyncio.create_task(d.models.unload("m"))
         await asyncio.sleep(0.05)  # the unload is waiting now
@@ -202,7 +203,7 @@ def test_unload_waits_for_requests_holding_the_model(tmp_path: Path) -> None:
         assert out
         assert await unload is True
         assert "m" not in d.models.loaded
-        out2, _ = await d.models.run_tensor("m", {"x": x})  # loaded again on demand
+        out2 = (await d.serving.infer("m", {"x": x})).outputs  # loaded again on demand
         np.testing.assert_array_equal(next(iter(out.values())), next(iter(out2.values())))
 
     asyncio.run(scenario())

@@ -1,6 +1,7 @@
 """The dispatcher the daemon, HTTP, MQTT and CLI talk to: one :class:`ModelDispatch` per model.
 
-``await infer(model, inputs) -> (outputs, plan_hash)`` serves a request; ``plan_for(model)``
+``for_request(model, inputs)`` finds the dispatch state whose plan serves a request (the
+serving layer runs it, segment by segment, holding each segment's device); ``plan_for(model)``
 returns the plan JSON (planning first when needed); ``replan`` and ``clocks_changed`` move
 plans when an operator or the board asks. Blocking work runs through ``run_blocking``.
 """
@@ -19,25 +20,25 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 
 from edgepilot import __version__
-from edgepilot.backends.base import Backend, Target
+from edgepilot.backends.backend_set import BackendSet
+from edgepilot.backends.base import Backend, BackendUnavailable, Target
 from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config
 from edgepilot.dispatch.background import BackgroundPlans
 from edgepilot.dispatch.corpus import CorpusStore
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufPlan
-from edgepilot.dispatch.gguf_setup import gguf_dispatch, llamacpp_backend
+from edgepilot.dispatch.gguf_setup import gguf_dispatch
 from edgepilot.dispatch.kernels import KernelModel
+from edgepilot.dispatch.measure import Progress
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes, resolve_model
 from edgepilot.dispatch.plan import segments_of
 from edgepilot.dispatch.plan_cache import PlanCache
-from edgepilot.dispatch.measure import Progress
 from edgepilot.dispatch.signature import Shapes, shapes_of, signature_of
 from edgepilot.dispatch.targets import (
     available_targets,
     board_freqs,
     board_id,
-    load_backends,
     runtime_versions,
 )
 from edgepilot.errors import EdgepilotError, ModelError, NotFoundError, PlanError
@@ -58,7 +59,8 @@ class Dispatcher:
     def __init__(self, config: Config, *, board: Any = None, profiles: Any = None,
                  models: Any = None, emit: Callable[..., Any] | None = None,
                  run_blocking: RunBlocking | None = None, progress: Progress | None = None,
-                 backends: dict[str, Backend] | None = None) -> None:
+                 backends: dict[str, Backend] | None = None,
+                 backend_set: BackendSet | None = None) -> None:
         self.config = config
         self.board = board
         self.profiles = profiles
@@ -71,6 +73,10 @@ class Dispatcher:
         self.cancelled = False
         self.cache = PlanCache(config.state_dir / "plans")
         self._backends = backends
+        # the daemon passes its one BackendSet; a CLI run builds its own
+        self.backend_set = backend_set or BackendSet(
+            lambda name: getattr(config.backends, name, None), config.backends.enabled,
+            config.state_dir / "cache")
         # (model, input-shape signature) -> its dispatch state, least recently used first;
         # a GGUF model has one entry with an empty signature
         self._models: OrderedDict[tuple[str, str], AnyDispatch] = OrderedDict()
@@ -101,7 +107,8 @@ class Dispatcher:
     @property
     def backends(self) -> dict[str, Backend]:
         if self._backends is None:
-            self._backends = load_backends(self.config, self.config.state_dir)
+            self._backends = self.backend_set.tensor(
+                lambda name, why: log.info("backend %s unavailable: %s", name, why))
         return self._backends
 
     def resolve(self, name: str) -> tuple[str, Path, float | None]:
@@ -142,10 +149,17 @@ class Dispatcher:
 
     def llamacpp(self) -> LlamaCppBackend:
         """The llama.cpp backend with its config section; PlanError when it is unavailable."""
-        return llamacpp_backend(self.config)
+        try:
+            backend = self.backend_set.get("llamacpp")
+        except BackendUnavailable as exc:
+            raise PlanError(f"cannot plan a GGUF model: {exc.message}",
+                            field="backends") from None
+        assert isinstance(backend, LlamaCppBackend)
+        return backend
 
     def _gguf(self, key: str, path: Path) -> GgufDispatch:
-        return gguf_dispatch(self.config, key, path, board=self.board, profiles=self.profiles,
+        return gguf_dispatch(self.config, key, path, self.llamacpp(), board=self.board,
+                             profiles=self.profiles,
                              cache=self.cache, budgets=self.budgets(), progress=self.progress,
                              emit=self.emit, hold=getattr(self.models, "hold_devices", None))
 
@@ -287,10 +301,6 @@ class Dispatcher:
         md = self.get(name, shapes) if shapes is not None else self.latest(name)
         return md.explain()
 
-    def infer_sync(self, name: str, inputs: dict[str, np.ndarray]
-                   ) -> tuple[dict[str, np.ndarray], str]:
-        return self.for_request(name, inputs).run(inputs)
-
     def for_request(self, name: str, inputs: Mapping[str, np.ndarray]) -> AnyDispatch:
         """The dispatch state for a request's own shapes. A request carries every input, so
         its shapes *are* its signature: a known one is found without resolving the model
@@ -357,13 +367,6 @@ class Dispatcher:
             self._start_planning(name, None, key)
             keys = [key]
         return self.background.state(keys[0])
-
-    async def infer(self, name: str, inputs: dict[str, np.ndarray]
-                    ) -> tuple[dict[str, np.ndarray], str]:
-        """Serve one request on the model's plan: ``(outputs, plan_hash)``."""
-        result: tuple[dict[str, np.ndarray], str] = await self.run_blocking(
-            self.infer_sync, name, inputs)
-        return result
 
     async def plan(self, name: str, shapes: Mapping[str, Sequence[int]] | None = None
                    ) -> dict[str, Any]:

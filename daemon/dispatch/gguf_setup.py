@@ -8,31 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot import __version__
-from edgepilot.backends import load_backend
-from edgepilot.backends.base import BackendUnavailable
 from edgepilot.backends.llamacpp import LlamaCppBackend
 from edgepilot.config import Config
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufOptions
-from edgepilot.dispatch.plan_cache import PlanCache
 from edgepilot.dispatch.measure import Progress
+from edgepilot.dispatch.plan_cache import PlanCache
 from edgepilot.dispatch.targets import board_id
-from edgepilot.errors import PlanError
 
 
-def llamacpp_backend(config: Config) -> LlamaCppBackend:
-    """The llama.cpp backend with its config section; PlanError when it is unavailable."""
-    enabled = config.backends.enabled
-    try:
-        if enabled is not None and "llamacpp" not in enabled:
-            raise BackendUnavailable("backend 'llamacpp' is not in [backends] enabled")
-        backend = load_backend("llamacpp", config.backends.llamacpp)
-    except BackendUnavailable as exc:
-        raise PlanError(f"cannot plan a GGUF model: {exc.message}", field="backends") from None
-    assert isinstance(backend, LlamaCppBackend)
-    return backend
-
-
-def gguf_dispatch(config: Config, name: str, path: Path, *, board: Any, profiles: Any,
+def gguf_dispatch(config: Config, name: str, path: Path, backend: LlamaCppBackend, *,
+                  board: Any, profiles: Any,
                   cache: PlanCache, budgets: dict[str, float], progress: Progress,
                   emit: Callable[..., Any], hold: Any = None) -> GgufDispatch:
     """The plan state of the GGUF model ``name`` (nothing measured yet)."""
@@ -41,7 +26,6 @@ def gguf_dispatch(config: Config, name: str, path: Path, *, board: Any, profiles
     d = config.dispatch
     opts = GgufOptions(n_ctx=n_ctx, threads=d.gguf_threads, prompt_tokens=d.gguf_prompt_tokens,
                        decode_tokens=d.gguf_decode_tokens)
-    backend = llamacpp_backend(config)
     parts = {"board": board_id(board), "profile": getattr(profiles, "active_name", None),
              "runtimes": {"llamacpp": str(backend.version() or "?")}, "edgepilot": __version__}
     return GgufDispatch(name, path, backend, opts, cache=cache, key_parts=parts,

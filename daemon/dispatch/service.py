@@ -69,6 +69,8 @@ class DispatchService:
     async def stop(self) -> None:
         self.daemon.events.unsubscribe(self._on_event)
         self.daemon.dispatcher.cancelled = True
+        # a measurement waiting for the devices gives up now rather than at its timeout
+        self.daemon.devices.close()
         for task in list(self._tasks):
             task.cancel()
 
@@ -121,7 +123,8 @@ class DispatchService:
 def attach(daemon: Daemon) -> list[Service]:
     daemon.dispatcher = Dispatcher(daemon.config, board=daemon.board, profiles=daemon.profiles,
                                    models=daemon.models, emit=daemon.events.emit,
-                                   run_blocking=daemon.run_blocking)
+                                   run_blocking=daemon.run_blocking,
+                                   backend_set=daemon.backends)
     daemon.commands.register("plan.get", PlanParams, _plan_get,
                              summary="Per-layer plan of a model (plans it on first use)")
     daemon.commands.register("plan.replan", ReplanParams, _plan_replan, mutating=True,

@@ -3,42 +3,12 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
-from edgepilot.backends import BACKENDS, load_backend
-from edgepilot.backends.base import Backend, BackendUnavailable, Target
-from edgepilot.config import Config
+from edgepilot.backends.base import Backend, Target
 from edgepilot.errors import ConfigError, EdgepilotError
 
 log = logging.getLogger(__name__)
-
-# tensor backends only: llama.cpp plans GGUF models by n_gpu_layers, not per layer
-TENSOR_BACKENDS = ("onnxruntime", "tflite", "armnn")
-
-
-def load_backends(config: Config, state_dir: Path) -> dict[str, Backend]:
-    """Every enabled, installed tensor backend; missing ones are logged and skipped."""
-    enabled = config.backends.enabled
-    names = [n for n in TENSOR_BACKENDS if enabled is None or n in enabled]
-    out: dict[str, Backend] = {}
-    for name in names:
-        if name not in BACKENDS:
-            continue
-        try:
-            backend = load_backend(name, getattr(config.backends, name, None))
-            backend.probe()
-        except BackendUnavailable as exc:
-            log.info("backend %s unavailable: %s", name, exc.message)
-            continue
-        except EdgepilotError as exc:
-            log.warning("backend %s failed to start: %s", name, exc.message)
-            continue
-        if hasattr(backend, "cache_dir"):
-            # quantized variants and cut segments survive restarts in the state dir
-            backend.cache_dir = state_dir / "cache" / name
-        out[name] = backend
-    return out
 
 
 def available_targets(backends: dict[str, Backend], allowed: list[str] | None) -> list[Target]:

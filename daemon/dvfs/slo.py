@@ -126,7 +126,7 @@ class SloPicker:
             config, manager.board, manager, model, names, RUNS, BUDGET_S, None,
             backends=self.daemon.dispatcher.backends, reason="slo-measure",
             progress=self._progress,
-            hold=self.daemon.models.hold_devices if self.daemon.models is not None else None,
+            hold=self.daemon.models.hold_devices,
             each=self._each_profile)
         if self.cancelled:  # rows cut short by the stop must not be cached as measurements
             raise PlanError("SLO measurement cancelled: the daemon is stopping")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -14,23 +13,22 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from edgepilot import __version__
 from edgepilot.commands import error_body
 from edgepilot.errors import EdgepilotError
+from edgepilot.http import (
+    commands,
+    config,
+    health,
+    infer,
+    openai,
+    plan,
+    profile,
+    telemetry,
+)
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon
 
 log = logging.getLogger(__name__)
 
-# Each module exposes ``router`` (a fastapi.APIRouter).
-ROUTERS: list[str] = [
-    "edgepilot.http.health",
-    "edgepilot.http.commands",
-    "edgepilot.http.profile",
-    "edgepilot.http.telemetry",
-    "edgepilot.http.config",
-    "edgepilot.http.openai",
-    "edgepilot.http.infer",
-    "edgepilot.http.plan",
-]
 
 
 def http_error(status: int, body: dict[str, Any]) -> JSONResponse:
@@ -116,7 +114,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         return http_error(422, {"code": "bad_request", "field": field,
                                 "message": f"field '{field}': {first.get('msg')}"})
 
-    for modname in ROUTERS:
-        app.include_router(importlib.import_module(modname).router)
+    for module in (health, commands, profile, telemetry, config, openai, infer, plan):
+        app.include_router(module.router)
     app.add_middleware(BodyLimit, limit=daemon.config.http.max_body_bytes)
     return app

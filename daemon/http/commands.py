@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from edgepilot.commands import reply_for
-from edgepilot.errors import CommandError
 from edgepilot.http.auth import require_token
+from edgepilot.http.bodies import off_loop, parse_json
 
 router = APIRouter()
 
@@ -25,10 +24,7 @@ async def list_commands(request: Request) -> dict[str, Any]:
 async def run_command(verb: str, request: Request) -> dict[str, Any]:
     daemon = request.app.state.daemon
     raw = await request.body()
-    try:
-        payload = json.loads(raw) if raw.strip() else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CommandError(f"body is not JSON: {exc}", field="body") from None
+    payload = await off_loop(parse_json, raw, {})
     cmd = daemon.commands.get(verb)
     if cmd.mutating:
         require_token(request)

@@ -1,8 +1,8 @@
 """OpenAI-compatible endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``POST /v1/completions`` (plain JSON, or SSE chunks ending in ``data: [DONE]``).
 
-Generation runs in llama-cpp-python inside a worker thread while holding the model's device
-slot, so requests to one device are serialised and a full queue answers 503. ``usage`` also
+Generation is the serving layer's (:mod:`edgepilot.serving.generate`): these routes parse,
+call it and format the answer. A full queue answers 503. ``usage`` also
 carries ``energy_j`` (the board energy attributed to the request, see
 :meth:`edgepilot.telemetry.work.WorkMeter.end`) and ``joules_per_token`` (per completion token),
 both null without a power sensor; clients that do not know them ignore them. Usage counts are
@@ -14,14 +14,8 @@ string is), so both equal what llama-cpp-python reports.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import functools
 import json
-import threading
-import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -30,8 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from edgepilot.commands import error_body
 from edgepilot.errors import CommandError
-from edgepilot.serving.registry import LoadedModel, ModelRegistry
-from edgepilot.telemetry.work import Request as WorkRequest
+from edgepilot.serving.generate import Generator, StreamEnd
 
 router = APIRouter()
 
@@ -114,22 +107,18 @@ class CompletionRequest(Sampling):
     prompt: Text | list[Text]
 
 
-async def _acquire_llm(request: Request, name: str) -> tuple[ModelRegistry, LoadedModel]:
-    registry: ModelRegistry = request.app.state.daemon.models
-    model = registry.resolve(name)
-    if model.kind != "gguf":
-        raise CommandError(f"model {name!r} is a {model.kind} tensor model; send tensors to "
-                           f"POST /v1/infer/{name}", field="model")
-    return registry, await registry.acquire(name)
+def _generator(request: Request) -> Generator:
+    gen: Generator = request.app.state.daemon.generator
+    return gen
 
 
 @router.get("/v1/models", summary="Models this daemon can serve (OpenAI list shape)")
 async def list_models(request: Request) -> dict[str, Any]:
-    registry: ModelRegistry = request.app.state.daemon.models
-    data = [{"id": m["name"], "object": "model", "created": int(request.app.state.daemon
-                                                              .started_at),
-             "owned_by": "edgepilot", "kind": m.get("kind"), "loaded": m["loaded"]}
-            for m in registry.listing()]
+    gen = _generator(request)
+    created = int(request.app.state.daemon.started_at)
+    data = [{"id": m["name"], "object": "model", "created": created, "owned_by": "edgepilot",
+             "kind": m.get("kind"), "loaded": m["loaded"]}
+            for m in gen.registry.listing()]
     return {"object": "list", "data": data}
 
 
@@ -139,9 +128,7 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
     if req.max_completion_tokens is not None:
         params["max_tokens"] = req.max_completion_tokens
     messages = [m.as_llama() for m in req.messages]
-    registry, lm = await _acquire_llm(request, req.model)
-    call = functools.partial(lm.executable.chat, messages)  # type: ignore[attr-defined]
-    return await _serve(request, registry, lm, req, call, params)
+    return await _answer(request, req, "chat", messages, params)
 
 
 @router.post("/v1/completions", summary="OpenAI text completion (GGUF models)")
@@ -151,144 +138,39 @@ async def completions(req: CompletionRequest, request: Request) -> Any:
         if len(prompt) != 1:
             raise CommandError("exactly one prompt per request is supported", field="prompt")
         prompt = prompt[0]
-    params = req.llama_params()
-    registry, lm = await _acquire_llm(request, req.model)
-    call = functools.partial(lm.executable.complete, prompt)  # type: ignore[attr-defined]
-    return await _serve(request, registry, lm, req, call, params)
+    return await _answer(request, req, "complete", prompt, req.llama_params())
 
 
-def energy_usage(energy_j: float | None, completion_tokens: int) -> dict[str, float | None]:
-    """The energy fields of ``usage``: null when unknown (no power sensor), never 0."""
-    per_token = energy_j / completion_tokens if energy_j is not None and completion_tokens else None
-    return {"energy_j": energy_j, "joules_per_token": per_token}
-
-
-async def _serve(request: Request, registry: ModelRegistry, lm: LoadedModel, req: Sampling,
-                 call: Callable[..., Any], params: dict[str, Any]) -> Any:
-    daemon = request.app.state.daemon
-    queue = registry.queue(lm.device)
-    work = daemon.work.begin(req.model)  # busy (for energy shares) until ended, whatever happens
-    if not req.stream:
-        cancel = threading.Event()
-        try:
-            async with queue.slot():
-                result = await asyncio.get_running_loop().run_in_executor(
-                    _executor(daemon, lm), functools.partial(call, cancel=cancel, **params))
-        except BaseException:
-            daemon.work.end(work, ok=False)
-            raise
-        finally:
-            cancel.set()  # cancelled (client gone, shutdown): the worker stops at its next token
-            registry.release(lm)
+async def _answer(request: Request, req: Sampling, kind: Literal["chat", "complete"],
+                  prompt: Any, params: dict[str, Any]) -> Any:
+    result = await _generator(request).generate(req.model, kind, prompt, params,
+                                                stream=req.stream)
+    if isinstance(result, dict):
         result["model"] = req.model
-        usage = result.get("usage")
-        completion = int(usage.get("completion_tokens", 0)) if isinstance(usage, dict) else 0
-        energy = daemon.work.end(work, tokens=completion)
-        if isinstance(usage, dict):
-            usage.update(energy_usage(energy, completion))
         return JSONResponse(result)
-    try:
-        await queue.acquire()  # a full queue is a 503 before any byte is streamed
-    except BaseException:
-        registry.release(lm)
-        daemon.work.end(work, ok=False)
-        raise
-    worker = _Worker(daemon, registry, lm, call, params)
-    try:
-        # wait for the first token: a request llama.cpp refuses (a prompt over the context,
-        # an option the model was not loaded for) is then a proper HTTP error, not a 200
-        # followed by an error event
-        first = await worker.items.get()
-    except BaseException:
-        worker.finish()
-        daemon.work.end(work, ok=False)
-        raise
-    if first[0] == "error":
-        worker.finish()
-        daemon.work.end(work, ok=False)
-        raise first[1]
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    body = _stream(daemon, worker, first, req.model, include_usage, work)
-    # a body that is never iterated (the client left before it started) runs no finally:
-    # the request still stops counting as busy when the body is dropped (no-op once ended)
-    weakref.finalize(body, daemon.work.end, work, ok=False)
-    return StreamingResponse(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(_sse(result, req.model, include_usage),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _executor(daemon: Any, lm: LoadedModel) -> concurrent.futures.Executor:
-    """Where a generation runs: the model's own thread when it has one (llama.cpp runs every
-    computation on one thread, see ``LlamaThread``: a hand-over per token would cost), else the
-    daemon's worker pool."""
-    own = getattr(lm.executable, "executor", None)
-    return own if isinstance(own, concurrent.futures.Executor) else daemon.executor  # type: ignore[no-any-return]
-
-
-class _Worker:
-    """One streamed generation in a worker thread, handing chunks to the loop."""
-
-    def __init__(self, daemon: Any, registry: ModelRegistry, lm: LoadedModel,
-                 call: Callable[..., Any], params: dict[str, Any]) -> None:
-        self.registry, self.lm = registry, lm
-        loop = asyncio.get_running_loop()
-        self.items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.stop = threading.Event()
-        items, stop = self.items, self.stop
-
-        def work() -> None:
-            try:
-                chunks = call(**params, stream=True, cancel=stop)
-                with contextlib.closing(iter(chunks)) as it:
-                    for chunk in it:
-                        loop.call_soon_threadsafe(items.put_nowait, ("chunk", chunk))
-                        if stop.is_set():  # the client went away; closing ends generation
-                            break
-                loop.call_soon_threadsafe(items.put_nowait, ("end", chunks.usage))
-            except Exception as exc:
-                loop.call_soon_threadsafe(items.put_nowait, ("error", exc))
-
-        self.fut = loop.run_in_executor(_executor(daemon, lm), work)
-        # the device is freed when the worker leaves the runtime, whatever happens to the
-        # response (even one whose body is never iterated because the client left first)
-        self.fut.add_done_callback(self._release)
-
-    def _release(self, _: Any) -> None:
-        self.registry.queue(self.lm.device).release()
-        self.registry.release(self.lm)
-
-    def finish(self) -> None:
-        """Stop generating at the next token (the device is freed once the worker is out)."""
-        self.stop.set()
-
-
-async def _stream(daemon: Any, worker: _Worker, first: tuple[str, Any], name: str,
-                  include_usage: bool, work: WorkRequest) -> AsyncIterator[str]:
+async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool
+               ) -> AsyncIterator[str]:
     last: dict[str, Any] = {}
-    usage: dict[str, int] | None = None
-    ok = False
-    kind, item = first
     try:
-        while True:
-            if kind == "chunk":
-                item["model"] = name
-                last = item
-                yield f"data: {json.dumps(item)}\n\n"
-            elif kind == "error":
+        async for item in items:
+            if isinstance(item, StreamEnd):
+                if item.usage is not None and include_usage:
+                    tail: dict[str, Any] = {"id": last.get("id"), "object": last.get("object"),
+                            "created": last.get("created"), "model": name, "choices": [],
+                            "usage": {**item.usage, **item.energy}}
+                    yield f"data: {json.dumps(tail)}\n\n"
+                break
+            if isinstance(item, BaseException):
                 yield f"data: {json.dumps({'error': error_body(item)})}\n\n"
-                break
-            else:
-                ok, usage = True, item
-                break
-            kind, item = await worker.items.get()
-        completion = usage["completion_tokens"] if usage else 0
-        # ended before the tail is sent: its energy goes into the final usage chunk
-        energy = daemon.work.end(work, tokens=completion, ok=ok)
-        if ok and include_usage and usage is not None:
-            tail: dict[str, Any] = {"id": last.get("id"), "object": last.get("object"),
-                    "created": last.get("created"), "model": name, "choices": [],
-                    "usage": {**usage, **energy_usage(energy, completion)}}
-            yield f"data: {json.dumps(tail)}\n\n"
+                continue
+            item["model"] = name
+            last = item
+            yield f"data: {json.dumps(item)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
-        daemon.work.end(work, ok=False)  # the client left mid-stream (no-op once ended)
-        worker.finish()
+        await items.aclose()

@@ -77,13 +77,10 @@ class CommandTransport:
             content_type = getattr(properties, "ContentType", None) or None
         reply_topic = response_topic or self.topics.reply(verb)
         try:
-            if response_topic is not None and (any(c in response_topic for c in "+#\0")
-                                               or len(response_topic) > 1024):
-                # paho refuses to publish there; answer on the default reply topic instead
+            if response_topic is not None:
+                # a refused one is answered on the default reply topic instead
                 reply_topic = self.topics.reply(verb)
-                raise CommandError("the MQTT 5 response topic must be a topic name of at most "
-                                   "1024 characters, without wildcards (+, #) or NUL",
-                                   field="response_topic")
+                reply_topic = self.topics.check_response_topic(response_topic)
             if verb == "infer" and content_type == NPZ_CONTENT_TYPE:
                 # the one binary command: tensors stay .npz both ways, the rest in properties
                 self._start_npz(payload, properties, reply_topic, correlation)
@@ -128,6 +125,10 @@ class CommandTransport:
             data = json.loads(text) if text.strip() else {}
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CommandError(f"payload is not JSON: {exc}; send a JSON object of the "
+                               "command's params", field="payload") from None
+        except RecursionError:
+            # nesting past Python's recursion limit: an answer, not a dropped message
+            raise CommandError("payload is nested too deeply; send a JSON object of the "
                                "command's params", field="payload") from None
         req_id: str | None = None
         reply_to: Any = None

@@ -70,3 +70,20 @@ class Topics:
             raise CommandError(f"reply_to must not be under {allowed}{first}: that topic is "
                                f"reserved; use e.g. {allowed}reply/<client>", field="reply_to")
         return topic
+
+    def check_response_topic(self, topic: str) -> str:
+        """Accept an MQTT 5 response topic: any topic name outside the edgepilot namespace
+        (the client's own, governed by the broker's ACL), and inside it only this device's
+        non-reserved topics, so a reply can never land on our telemetry, events or status,
+        nor on another device's (or a group's) command topics."""
+        if any(c in topic for c in "+#\0") or len(topic) > 1024:
+            raise CommandError("the MQTT 5 response topic must be a topic name of at most "
+                               "1024 characters, without wildcards (+, #) or NUL",
+                               field="response_topic")
+        if topic == self.prefix or topic.startswith(f"{self.prefix}/"):
+            try:
+                self.check_reply_to(topic)
+            except CommandError as exc:
+                raise CommandError(f"response topic {topic!r} refused: {exc.message}",
+                                   field="response_topic") from None
+        return topic

@@ -31,6 +31,7 @@ class _Waiter:
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future[None] | None = None
     event: threading.Event = field(default_factory=threading.Event)
+    granted: bool = False
 
 
 class DeviceQueue:
@@ -42,8 +43,14 @@ class DeviceQueue:
         self.waiting = 0  # requests (loop side) in line; threads are not counted
         self.busy = False
         self.served = 0   # slots handed out, for status and tests
+        self.closed = False  # the daemon is stopping: threads no longer wait for the slot
         self._lock = threading.Lock()
         self._line: deque[_Waiter] = deque()
+
+    @property
+    def queued(self) -> int:
+        """Waiters of both kinds (requests and the daemon's own threads) in line now."""
+        return len(self._line)
 
     # ---- loop side ---------------------------------------------------------------------------
     async def acquire(self, *, limit: bool = True) -> None:
@@ -89,21 +96,33 @@ class DeviceQueue:
 
     # ---- thread side -------------------------------------------------------------------------
     def take(self, timeout_s: float | None = None) -> bool:
-        """Take the device from a worker thread (no line limit); False on timeout."""
+        """Take the device from a worker thread (no line limit); False on timeout or once
+        the queue is closed (a stopping daemon must not leave threads waiting)."""
         with self._lock:
             if not self.busy:
                 self.busy = True
                 self.served += 1
                 return True
+            if self.closed:
+                return False
             waiter = _Waiter()
             self._line.append(waiter)
         if waiter.event.wait(timeout_s):
-            return True
+            return waiter.granted
         with self._lock:
             if waiter in self._line:
                 self._line.remove(waiter)
                 return False
         return True  # handed over just as the wait ran out: it is ours
+
+    def close(self) -> None:
+        """The daemon is stopping: threads waiting for the slot give up (``take`` is False);
+        requests in line still get it in turn as the ones ahead finish."""
+        with self._lock:
+            self.closed = True
+            for waiter in [w for w in self._line if w.future is None]:
+                self._line.remove(waiter)
+                waiter.event.set()
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -124,6 +143,7 @@ class DeviceQueue:
             waiter = self._line.popleft()
             self.served += 1
             if waiter.future is None:
+                waiter.granted = True
                 waiter.event.set()
                 return
             self.waiting -= 1
@@ -146,6 +166,7 @@ class DeviceQueues:
 
     def __init__(self, max_waiting: int) -> None:
         self.max_waiting = max_waiting
+        self.closed = False
         self._queues: dict[str, DeviceQueue] = {}
         self._lock = threading.Lock()
 
@@ -155,6 +176,7 @@ class DeviceQueues:
             q = self._queues.get(device)
             if q is None:
                 q = self._queues[device] = DeviceQueue(device, self.max_waiting)
+                q.closed = self.closed
             return q
 
     def for_target(self, target: str) -> DeviceQueue:
@@ -167,6 +189,14 @@ class DeviceQueues:
             self.max_waiting = max_waiting
             for q in self._queues.values():
                 q.max_waiting = max_waiting
+
+    def close(self) -> None:
+        """Stopping: threads waiting for a device (measurements) give up at once."""
+        with self._lock:
+            self.closed = True
+            queues = list(self._queues.values())
+        for q in queues:
+            q.close()
 
     def snapshot(self) -> dict[str, dict[str, int | bool]]:
         """Plain data for status: per device, busy, waiting and slots served."""
@@ -188,6 +218,9 @@ class DeviceQueues:
         try:
             for q in queues:
                 if not q.take(max(0.0, deadline - time.monotonic())):
+                    if q.closed:
+                        raise PlanError("nothing could be measured alone: the daemon is "
+                                        "stopping", field="model")
                     raise PlanError(
                         f"nothing could be measured alone: device {q.name} stayed busy for "
                         f"{timeout_s:.0f} s; retry when traffic is lower (plan.replan)",

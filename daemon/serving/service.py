@@ -5,14 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgepilot.backends.backend_set import BackendSet
 from edgepilot.commands import NoParams
 from edgepilot.config import Config
 from edgepilot.errors import ConfigError, EdgepilotError
 from edgepilot.formats import files
+from edgepilot.serving.commands import register_infer
+from edgepilot.serving.core import Serving
+from edgepilot.serving.devices import DeviceQueues
+from edgepilot.serving.generate import Generator
 from edgepilot.serving.registry import ModelRegistry
 
 if TYPE_CHECKING:
@@ -122,7 +128,8 @@ class ModelsService:
         """
         before = {e.name: e for e in old.models}
         after = {e.name: e for e in new.models}
-        current = self.registry.entries()  # the daemon already holds the new config
+        self.registry.config = new
+        current = self.registry.entries()
         for name in list(self.registry.loaded):
             if name not in current or (name in before and name not in after):
                 reason = "removed from config"
@@ -134,20 +141,40 @@ class ModelsService:
                 await self.registry.unload(name, reason=reason)
             except EdgepilotError as exc:  # one stuck model must not stop the others
                 log.error("model %s not unloaded on reload: %s", name, exc.message)
-        self.registry.reset_backends()
+        self.registry.config = new
+        self.registry.backends.reset(_options(new), new.backends.enabled)
+        self.daemon.serving.reload(new)
         for name in list(self.failed):
             if name not in after or before.get(name) != after.get(name):
                 self.failed.pop(name)  # gone, or it gets another chance with its new entry
         self._update_ready()
 
 
+def _options(config: Config) -> Callable[[str], Any]:
+    """A backend's options section by backend name (None: the backend's defaults)."""
+    return lambda name: getattr(config.backends, name, None)
+
+
 def attach(daemon: Daemon) -> list[Service]:
-    registry = ModelRegistry(daemon)
+    """Build the serving layer: device queues, the one set of backends, the registry, the
+    request owners for tensors (``daemon.serving``) and generation (``daemon.generator``).
+    The dispatcher is attached after (it needs the registry) and wired in by the daemon."""
+    cfg = daemon.config
+    daemon.devices = DeviceQueues(cfg.http.max_queue)
+    daemon.backends = BackendSet(_options(cfg), cfg.backends.enabled, cfg.state_dir / "cache")
+    registry = ModelRegistry(cfg, backends=daemon.backends, devices=daemon.devices,
+                             emit=daemon.events.emit, run_blocking=daemon.run_blocking,
+                             loop=daemon.running_loop)
     daemon.models = registry
+    daemon.serving = Serving(cfg, registry=registry, devices=daemon.devices, work=daemon.work,
+                             dispatcher=None, executor=daemon.executor)
+    daemon.generator = Generator(registry=registry, devices=daemon.devices, work=daemon.work,
+                                 executor=daemon.executor)
     daemon.commands.register("model.load", ModelName, _load, mutating=True,
                              summary="Load a model now (verify, estimate memory, compile)")
     daemon.commands.register("model.unload", ModelName, _unload, mutating=True,
                              summary="Unload a model (it reloads on its next request)")
     daemon.commands.register("model.list", NoParams, _list,
                              summary="Models: configured and in the model dir, loaded or not")
+    register_infer(daemon.commands, daemon.serving)
     return [ModelsService(daemon, registry)]
