@@ -7,6 +7,7 @@ CLI global flags (``--sysfs-root``, ``--state-dir``, ``--model-dir``) override t
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -72,11 +73,41 @@ class HttpSection(Section):
     port: int = Field(8470, ge=0, le=65535, description="HTTP port (0 picks a free one).")
     token: str | None = Field(
         None, min_length=8, max_length=4096,
-        description="Bearer token required by mutating endpoints; unset = no auth (loopback).")
+        description="Bearer token required by mutating endpoints and by those that can start "
+        "planning (GET /v1/plan/{model}); unset = no auth (loopback).")
+    allow_unauthenticated: bool = Field(
+        False, description="Serve a non-loopback host without a token. Off: the daemon refuses "
+        "to start on such a host with no [http] token, since anyone who reaches the port could "
+        "run models, start profiling and change DVFS profiles.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=1024**3,
                                 description="Largest request body accepted.")
     max_queue: int = Field(32, ge=1, le=10_000,
                            description="Requests waiting per device before 503.")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1); any other name or address, the
+    wildcard ones (0.0.0.0, ::) included, can be reached from outside the board."""
+    if host.strip().lower() in ("localhost", "localhost.", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def check_http_exposure(host: str, http: HttpSection) -> None:
+    """Refuse to serve ``host`` unauthenticated unless loopback or explicitly allowed.
+
+    ``host`` is the address actually bound (``run --host`` overrides ``[http] host``).
+    """
+    if http.token or http.allow_unauthenticated or is_loopback_host(host):
+        return
+    raise ConfigError(
+        f"[http] host {host!r} is not a loopback address and [http] token is not set: anyone "
+        "who reaches the port could run models and change the board's profile; set [http] "
+        "token, bind [http] host = \"127.0.0.1\", or set [http] allow_unauthenticated = true",
+        field="http.token")
 
 
 class DvfsSection(Section):

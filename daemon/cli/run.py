@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from edgepilot.cli.common import config_from, overrides_from, setup_logging
-from edgepilot.config import resolve_config_path
+from edgepilot.config import check_http_exposure, resolve_config_path
 from edgepilot.errors import EdgepilotError
 
 
@@ -26,6 +26,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(config.daemon.log_level)
     if args.port is not None and not 0 <= args.port <= 65535:
         raise EdgepilotError(f"--port {args.port}: allowed 0..65535", field="port")
+    # before anything starts (models, DVFS, the broker): an exposed API without a token is
+    # refused outright, not served with a warning nobody reads
+    check_http_exposure(args.host or config.http.host, config.http)
     daemon = Daemon(config, resolve_config_path(args.config), args.host, args.port,
                     overrides=overrides_from(args))
     return asyncio.run(daemon.run())

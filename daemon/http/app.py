@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edgepilot import __version__
@@ -29,14 +30,47 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# the ``code`` of an error Starlette/FastAPI raise themselves (no route, wrong method, a body
+# their parser could not read), by HTTP status
+_HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 406: "not_acceptable", 413: "payload_too_large",
+               415: "unsupported_media_type", 422: "bad_request"}
 
 
-def http_error(status: int, body: dict[str, Any]) -> JSONResponse:
+def http_error(status: int, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> JSONResponse:
     """Error shape shared with MQTT ({code, message, field}) plus OpenAI's {type, param}."""
     err = dict(body)
     err.setdefault("type", "invalid_request_error" if status < 500 else "server_error")
     err.setdefault("param", err.get("field"))
-    return JSONResponse({"error": err}, status_code=status)
+    return JSONResponse({"error": err}, status_code=status, headers=headers)
+
+
+def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """A 404/405/400... raised by the framework itself, in the one error shape."""
+    status = exc.status_code
+    code = _HTTP_CODES.get(status, "internal" if status >= 500 else "bad_request")
+    field: str | None = None
+    if status == 404 and exc.detail in (None, "Not Found"):
+        message = (f"no route {request.method} {request.url.path}; /openapi.json lists the "
+                   "routes")
+        field = "path"
+    elif status == 405:
+        allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+        message = (f"{request.method} is not allowed on {request.url.path}"
+                   + (f" (allowed: {allowed})" if allowed else ""))
+        field = "method"
+    elif status == 400 and exc.detail == "There was an error parsing the body":
+        # FastAPI's parser failed on something other than JSON syntax (e.g. bytes that are
+        # not UTF-8)
+        message = "request body could not be read as JSON (is it UTF-8 encoded JSON?)"
+        field = "body"
+    elif status == 413:
+        message, field = str(exc.detail), "body"
+    else:
+        message = str(exc.detail)
+    return http_error(status, {"code": code, "message": message, "field": field},
+                      headers=dict(exc.headers) if exc.headers else None)
 
 
 class BodyLimit:
@@ -62,12 +96,13 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(self.limit)
             return message
 
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
+            # read outside the app's exception handling (e.g. by a middleware): answer here
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,8 +112,15 @@ class BodyLimit:
         await resp(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    """Raised from ``receive`` while the body streams in (chunked, no Content-Length).
+
+    An HTTPException so that FastAPI's body parser lets it through instead of turning it into
+    its own ``400 There was an error parsing the body``; the app's handler answers the 413.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over the {limit}-byte limit ([http] max_body_bytes)")
 
 
 def create_app(daemon: Daemon) -> FastAPI:
@@ -89,6 +131,16 @@ def create_app(daemon: Daemon) -> FastAPI:
     @app.exception_handler(EdgepilotError)
     async def _edgepilot_error(_: Request, exc: EdgepilotError) -> JSONResponse:
         return http_error(exc.http_status, error_body(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _starlette_error(request, exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback and re-raises after this response is sent
+        return http_error(500, {"code": "internal", "field": None,
+                                "message": f"internal error: {type(exc).__name__}"})
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

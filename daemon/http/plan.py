@@ -22,10 +22,18 @@ router = APIRouter(tags=["plan"])
 RETRY_AFTER_S = 1
 
 
+class PlanningOff(PlanError):
+    """Per-layer planning is switched off in this daemon: a state of its config, not a fault."""
+
+    code = "planning_off"
+    http_status = 409
+
+
 def _dispatcher(request: Request) -> Any:
     dispatcher = request.app.state.daemon.dispatcher
     if dispatcher is None:
-        raise PlanError("the dispatcher is not attached in this daemon", field="model")
+        raise PlanningOff("per-layer planning is not available in this daemon (no dispatcher "
+                          "attached); models run whole on their default target", field="model")
     return dispatcher
 
 
@@ -37,7 +45,9 @@ async def list_plans(request: Request) -> dict[str, Any]:
     return result
 
 
-@router.get("/v1/plan/{model}", responses={202: {
+# it can start seconds to minutes of profiling on the board: a token when one is set, like the
+# mutating routes
+@router.get("/v1/plan/{model}", dependencies=[Depends(require_token)], responses={202: {
     "description": "The plan is being made in the background: "
                    '{"state": "planning", "model", "signature", "done", "total", "what"}; '
                    "ask again (Retry-After) for the plan"}})
