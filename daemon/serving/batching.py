@@ -2,10 +2,16 @@
 
 Triton's dynamic batcher is the model: the first request of a batch waits up to
 ``[[models]] batch_wait_ms`` for others with the same per-row shapes and dtypes; the batch
-runs as soon as it holds ``max_batch`` rows or the wait is over, and its outputs are split back
-per request. A batch is padded (with copies of its last row, always a valid input) up to the
-next power of two, capped at ``max_batch``: the dispatcher plans per input-shape signature, so
-a model meets at most log2(max_batch) + 1 batched shapes instead of one per batch size.
+runs as soon as it holds ``max_batch`` rows, or once the wait is over and no batch of the
+model is in flight (a busy model keeps filling the next batch rather than queueing many small
+ones), and its outputs are split back per request.
+
+Where the model is planned, a batch is padded (with copies of its last row, always a valid
+input) up to the next power of two, capped at ``max_batch``: the dispatcher plans per
+input-shape signature, so a model meets at most log2(max_batch) + 1 batched shapes instead of
+one per batch size. Unplanned, a batch runs at its own size: padding a compute-bound model
+costs the padded rows' time for nothing.
+
 Rows are independent in a model with a batch dimension, so a request's answer is the same
 batched or alone (within the runtime's float tolerance: kernels may sum in another order).
 """
@@ -55,18 +61,22 @@ class _Batch:
     items: list[_Item] = field(default_factory=list)
     rows: int = 0
     timer: asyncio.TimerHandle | None = None
+    due: bool = False  # its wait is over; it goes as soon as the batch in flight is done
 
 
 class Batcher:
     """Coalesces the requests of one model; ``submit`` answers each with its own rows."""
 
-    def __init__(self, name: str, run: RunBatch, max_batch: int, wait_s: float) -> None:
+    def __init__(self, name: str, run: RunBatch, max_batch: int, wait_s: float, *,
+                 pad: bool = True) -> None:
         self.name = name
+        self.pad = pad
         self.run = run
         self.max_batch = max_batch
         self.wait_s = wait_s
         self._open: dict[tuple[object, ...], _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight = 0
         self.batches_run = 0  # for status and tests: how many runs served how many requests
         self.requests_batched = 0
 
@@ -82,13 +92,26 @@ class Batcher:
         loop = asyncio.get_running_loop()
         if batch is None:
             batch = self._open[key] = _Batch()
-            batch.timer = loop.call_later(self.wait_s, self._flush, key, batch)
+            batch.timer = loop.call_later(self.wait_s, self._wait_over, key, batch)
         item = _Item(inputs, rows, deadline, loop.create_future())
         batch.items.append(item)
         batch.rows += rows
         if batch.rows >= self.max_batch:
             self._flush(key, batch)
         return await item.future  # a cancelled request is simply not answered
+
+    def _wait_over(self, key: tuple[object, ...], batch: _Batch) -> None:
+        # As Triton's dynamic batcher does with a busy model instance: while a batch is in
+        # flight, the next one keeps filling instead of leaving half empty to wait for the
+        # device anyway; it goes the moment the one in flight is done.
+        batch.due = True
+        if self._in_flight == 0:
+            self._flush(key, batch)
+
+    def _flush_due(self) -> None:
+        for key, batch in list(self._open.items()):
+            if batch.due and self._in_flight == 0:
+                self._flush(key, batch)
 
     def _flush(self, key: tuple[object, ...], batch: _Batch) -> None:
         if self._open.get(key) is batch:
@@ -98,13 +121,19 @@ class Batcher:
         items = [it for it in batch.items if not it.future.done()]
         if not items:
             return
+        self._in_flight += 1
         task = asyncio.ensure_future(self._run(items))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._in_flight -= 1
+        self._flush_due()
 
     async def _run(self, items: list[_Item]) -> None:
         total = sum(it.rows for it in items)
-        size = padded_rows(total, self.max_batch)
+        size = padded_rows(total, self.max_batch) if self.pad else total
         if len(items) == 1 and size == total:
             inputs = items[0].inputs
         else:

@@ -147,7 +147,8 @@ class Serving:
                 return await self.run(model, inputs, deadline)
 
             batcher = self._batchers[model.name] = Batcher(
-                model.name, run, entry.max_batch, entry.batch_wait_ms / 1000.0)
+                model.name, run, entry.max_batch, entry.batch_wait_ms / 1000.0,
+                pad=self.dispatcher is not None and self.config.dispatch.enabled)
         return batcher
 
     # ---- plan or whole -----------------------------------------------------------------------
