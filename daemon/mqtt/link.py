@@ -35,6 +35,9 @@ Delivery guarantees, by ``[mqtt] qos``:
 
 The retained ``status`` says ``online`` on every connect; the broker publishes the retained
 ``offline`` last will when we vanish, and :meth:`MqttLink.stop` publishes it on a clean stop.
+
+A session another client with the same client id takes over is not fought over: the link says
+so and backs off (:mod:`edgepilot.mqtt.takeover`).
 """
 
 from __future__ import annotations
@@ -42,19 +45,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgepilot.config import MqttSection
-from edgepilot.errors import ConfigError
+from edgepilot.mqtt.client_setup import (
+    describe_closed_early,
+    describe_connect_error,
+    make_client,
+)
 from edgepilot.mqtt.outbox import Outbox, OutMessage
+from edgepilot.mqtt.takeover import Takeover, TakeoverGuard
 from edgepilot.mqtt.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -71,7 +78,9 @@ class MqttLink:
     def __init__(self, cfg: MqttSection, topics: Topics, outbox: Outbox, *,
                  loop: asyncio.AbstractEventLoop, online: Callable[[], bytes],
                  offline: bytes, on_command: Incoming,
-                 on_connected: Callable[[], None] | None = None, window: int = 64) -> None:
+                 on_connected: Callable[[], None] | None = None,
+                 on_taken_over: Callable[[Takeover], None] | None = None,
+                 window: int = 64) -> None:
         self.cfg = cfg
         self.topics = topics
         self.outbox = outbox
@@ -81,6 +90,7 @@ class MqttLink:
         self._offline = offline
         self._on_command = on_command
         self._on_connected = on_connected
+        self._on_taken_over = on_taken_over
         self._connected = False
         self._stopping = False
         self._pending: set[int] = set()
@@ -100,37 +110,14 @@ class MqttLink:
         self.v5 = cfg.protocol == "5"
         self.persistent = cfg.qos == 2 and self.v5
         self._armed = not self.persistent  # persistent: re-entered once with clean start off
+        self.client_id = cfg.client_id or f"edgepilot-{cfg.device_id}"
+        self.takeover = TakeoverGuard(self.client_id, self.v5, cfg.reconnect_max_s)
+        self._backoff_task: asyncio.Task[None] | None = None
         self.client = self._make_client()
 
     # ---- construction -----------------------------------------------------------------------
     def _make_client(self) -> mqtt.Client:
-        cfg = self.cfg
-        client_id = cfg.client_id or f"edgepilot-{cfg.device_id}"
-        if self.v5:
-            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                                 protocol=mqtt.MQTTv5)
-        else:
-            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                                 protocol=mqtt.MQTTv311, clean_session=True)
-        if cfg.username is not None:
-            client.username_pw_set(cfg.username, cfg.password)
-        if cfg.tls is not None:
-            tls = cfg.tls
-            for name in ("ca_file", "cert_file", "key_file"):
-                path = getattr(tls, name)
-                if path is not None and not path.is_file():
-                    raise ConfigError(f"[mqtt.tls] {name} {path} does not exist or is not a file",
-                                      field=f"mqtt.tls.{name}")
-            try:
-                client.tls_set(ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                               certfile=str(tls.cert_file) if tls.cert_file else None,
-                               keyfile=str(tls.key_file) if tls.key_file else None)
-            except (ssl.SSLError, OSError, ValueError) as exc:
-                raise ConfigError(f"[mqtt.tls] cannot be used: {exc}", field="mqtt.tls") from None
-            client.tls_insecure_set(tls.insecure)
-        client.will_set(self.topics.status, self._offline, qos=1, retain=True)
-        # paho's reconnect backoff doubles from min to max; it takes ints, we allow sub-second
-        client.reconnect_delay_set(cfg.reconnect_min_s, cfg.reconnect_max_s)  # type: ignore[arg-type]
+        client = make_client(self.cfg, self.client_id, self.topics.status, self._offline)
         client.on_connect = self._cb_connect
         client.on_connect_fail = self._cb_connect_fail
         client.on_pre_connect = self._cb_pre_connect
@@ -188,6 +175,10 @@ class MqttLink:
         self._set_barrier(False)
         if self._rearm_task is not None:
             await self._rearm_task
+        if self._backoff_task is not None:  # waiting after a takeover: wait no more
+            self._backoff_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._backoff_task
         if self._connected:
             info = self.client.publish(self.topics.status, offline or self._offline, qos=1,
                                        retain=True)
@@ -276,6 +267,30 @@ class MqttLink:
                 log.exception("MQTT on-connect hook failed")
         self.drain()
 
+    def _taken_over_on_loop(self, taken: Takeover) -> None:
+        if self._stopping:
+            return
+        self._take_back()  # what paho held unacknowledged goes first once back
+        self.last_error = (f"session taken over by another client with client id "
+                           f"{taken.client_id!r}; reconnecting in {taken.backoff_s:.1f}s")
+        log.warning("%s", taken.message())
+        if self._on_taken_over is not None:
+            try:
+                self._on_taken_over(taken)
+            except Exception:
+                log.exception("MQTT takeover hook failed")
+        self._backoff_task = asyncio.ensure_future(self._reconnect_after(taken.backoff_s))
+
+    async def _reconnect_after(self, delay_s: float) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.client.loop_stop)
+        await asyncio.sleep(delay_s)
+        if self._stopping:
+            return
+        self._rearming, self._backoff_task = False, None
+        # a persistent session is entered again (clean start off) if the broker still has it
+        self._connect_async(clean_start=not self.persistent)
+        self.client.loop_start()
+
     def _acked_on_loop(self, mid: int) -> None:
         self._pending.discard(mid)
         if self._barrier and not self._pending:
@@ -324,6 +339,7 @@ class MqttLink:
     def _cb_connect(self, client: mqtt.Client, _u: Any, flags: mqtt.ConnectFlags,
                     reason: ReasonCode, _p: Any) -> None:
         if reason.is_failure:
+            self.takeover.connect_failed()
             self._attempt_reported = True
             self._failed(f"broker refused the connection: {reason} (check [mqtt] username, "
                          "password, client_id and the broker ACL); retrying", logging.ERROR)
@@ -336,6 +352,7 @@ class MqttLink:
             self._call_soon(self._rearm_on_loop, back)
             return
         self._session_up = True
+        self.takeover.session_up()
         resumed = self.persistent and flags.session_present
         # A fresh session: take back what paho still holds before it resends it itself, so
         # the loop puts it in front of the outbox and old and new leave in one order. A resumed
@@ -347,7 +364,8 @@ class MqttLink:
     def _cb_connect_fail(self, _c: mqtt.Client, _u: Any) -> None:
         # paho calls this from inside its ``except OSError``: the exception is the reason
         exc = sys.exc_info()[1]
-        self._failed(_describe_connect_error(exc, self.cfg.reconnect_max_s), logging.WARNING)
+        self.takeover.connect_failed()
+        self._failed(describe_connect_error(exc, self.cfg.reconnect_max_s), logging.WARNING)
 
     def _cb_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, reason: ReasonCode,
                        _p: Any) -> None:
@@ -357,18 +375,19 @@ class MqttLink:
         if self._stopping or self._rearming:
             return
         if was_up:
+            taken = self.takeover.session_down(getattr(reason, "value", -1))
+            if taken is not None:
+                # stop paho's own reconnecting: it would take the session straight back and the
+                # other client would do the same, every second
+                self._rearming = True
+                self.client.disconnect()
+                self._call_soon(self._taken_over_on_loop, taken)
+                return
             log.warning("MQTT connection lost (%s); buffering until the broker is back", reason)
         elif not self._attempt_reported:
-            # the socket died before CONNACK: with TLS 1.3 a broker that wants a client
-            # certificate says so only after the handshake, as an alert on the first read
             self._attempt_reported = True
-            detail = self._paho_error or str(reason)
-            hint = ("; check [mqtt.tls] cert_file/key_file: a broker with require_certificate "
-                    "needs a client certificate its CA signed" if "ssl" in detail.lower()
-                    or "alert" in detail.lower() else "")
-            tls = "TLS: " if self.cfg.tls is not None else ""
-            self._failed(f"{tls}connection closed before the broker accepted it ({detail})"
-                         f"{hint}; retrying", logging.WARNING)
+            self._failed(describe_closed_early(self._paho_error or str(reason),
+                                               self.cfg.tls is not None), logging.WARNING)
 
     def _cb_publish(self, _c: mqtt.Client, _u: Any, mid: int, _r: Any, _p: Any) -> None:
         self._call_soon(self._acked_on_loop, mid)
@@ -377,17 +396,3 @@ class MqttLink:
         self._call_soon(self._on_command, msg.topic, bytes(msg.payload),
                         getattr(msg, "properties", None))
 
-
-def _describe_connect_error(exc: BaseException | None, backoff_max_s: float) -> str:
-    """What an operator should read for a failed connect (socket or TLS handshake)."""
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return (f"TLS: the broker's certificate failed verification ({exc.verify_message}); "
-                "check [mqtt.tls] ca_file (and insecure for a host name mismatch); retrying")
-    if isinstance(exc, ssl.SSLError):
-        return (f"TLS handshake failed ({exc.reason or exc}); check [mqtt.tls] cert_file, "
-                "key_file and that the port is the broker's TLS listener; retrying")
-    if isinstance(exc, ConnectionRefusedError):
-        return (f"nothing accepts connections there; retrying with backoff (up to "
-                f"{backoff_max_s:.1f}s), messages are buffered")
-    return (f"broker unreachable ({exc}); retrying with backoff (up to {backoff_max_s:.1f}s), "
-            "messages are buffered")

@@ -22,6 +22,7 @@ from edgepilot.mqtt.discovery import Discovery
 from edgepilot.mqtt.link import MqttLink
 from edgepilot.mqtt.outbox import Outbox, OutMessage
 from edgepilot.mqtt.state_report import SPOOL_FILE
+from edgepilot.mqtt.takeover import Takeover
 from edgepilot.mqtt.topics import Topics
 from edgepilot.status import status_snapshot
 
@@ -111,6 +112,10 @@ class MqttService:
             for msg in self.discovery.messages(telemetry.snapshot()):
                 self.link.send(msg)
 
+    def _on_taken_over(self, taken: Takeover) -> None:
+        # queued like any event: it reaches the bus once this daemon holds the session again
+        self.daemon.events.emit("mqtt.session_taken_over", **taken.fields())
+
     def _send(self, msg: OutMessage) -> None:
         if self.link is not None:
             self.link.send(msg)
@@ -134,7 +139,8 @@ class MqttService:
         self.link = MqttLink(self.cfg, self.topics, self.outbox, loop=loop,
                              online=self.status_payload, offline=self._offline("connection lost"),
                              on_command=self.transport.on_message,
-                             on_connected=self._on_connected)
+                             on_connected=self._on_connected,
+                             on_taken_over=self._on_taken_over)
         self.daemon.events.subscribe(self._on_event)
         self.link.start()
         if self.outbox.spool_path is not None:
