@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -307,3 +308,30 @@ class CorpusStore:
 def _fit(data: Mapping[str, Any]) -> KernelModel | None:
     points = [KernelPoint.from_dict(p) for p in data["points"]]
     return fit_model(str(data["target"]), float(data["call_ms"]), points) if points else None
+
+
+class CorpusStores:
+    """One :class:`CorpusStore` per (board, DVFS profile): clocks change every kernel's time,
+    so a profile switch plans from that profile's own corpus."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._stores: dict[str, CorpusStore] = {}
+        self._lock = threading.Lock()
+        self._measuring = threading.Lock()
+
+    def store(self, parts: Mapping[str, Any]) -> CorpusStore:
+        key = json.dumps(parts, sort_keys=True, default=str)
+        with self._lock:
+            found = self._stores.get(key)
+            if found is None:
+                found = self._stores[key] = CorpusStore(self.directory, parts)
+            return found
+
+    def fits(self, parts: Mapping[str, Any], backends: Mapping[str, Backend],
+             targets: list[Target], progress: Callable[[int, int, str], None] | None
+             ) -> dict[str, KernelModel]:
+        """Kernel-corpus fits of ``targets``: measured on first use, then cached."""
+        store = self.store(parts)
+        with self._measuring:  # two models planned at once measure the corpus once
+            return store.for_targets(backends, targets, progress)

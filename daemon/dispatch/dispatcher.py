@@ -9,13 +9,12 @@ plans when an operator or the board asks. Blocking work runs through ``run_block
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -23,12 +22,14 @@ from edgepilot import __version__
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Target
 from edgepilot.backends.llamacpp import LlamaCppBackend
+from edgepilot.board.board import Board
 from edgepilot.config import Config
 from edgepilot.dispatch.background import BackgroundPlans
-from edgepilot.dispatch.corpus import CorpusStore
+from edgepilot.dispatch.corpus import CorpusStore, CorpusStores
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufPlan
 from edgepilot.dispatch.gguf_setup import gguf_dispatch
 from edgepilot.dispatch.kernels import KernelModel
+from edgepilot.dispatch.links import ActiveProfile, ModelFiles
 from edgepilot.dispatch.measure import Progress
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes, resolve_model
@@ -44,29 +45,22 @@ from edgepilot.dispatch.targets import (
 from edgepilot.errors import EdgepilotError, ModelError, NotFoundError, PlanError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 RunBlocking = Callable[..., Awaitable[Any]]
 AnyDispatch: TypeAlias = "ModelDispatch | GgufDispatch"
-
-
-async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
-    return await asyncio.to_thread(fn, *args)
 
 
 class Dispatcher:
     """Per-layer plans for every tensor model this daemon (or CLI run) serves."""
 
-    def __init__(self, config: Config, *, board: Any = None, profiles: Any = None,
-                 models: Any = None, emit: Callable[..., Any] | None = None,
+    def __init__(self, config: Config, *, board: Board | None = None,
+                 profiles: ActiveProfile | None = None, models: ModelFiles | None = None,
+                 emit: Callable[..., Any] | None = None,
                  run_blocking: RunBlocking | None = None, progress: Progress | None = None,
                  backends: dict[str, Backend] | None = None,
                  backend_set: BackendSet | None = None) -> None:
-        self.config = config
-        self.board = board
-        self.profiles = profiles
-        self.models = models
+        self.config, self.board, self.profiles, self.models = config, board, profiles, models
         self.emit = emit or (lambda kind, **fields: None)
-        self.run_blocking: RunBlocking = run_blocking or _to_thread
+        self.run_blocking: RunBlocking = run_blocking or asyncio.to_thread
         self._user_progress = progress
         # set on stop: profiling checks it at every step, so a stopping daemon does not wait
         # for a long measurement in a worker thread
@@ -83,8 +77,7 @@ class Dispatcher:
         # recent real request inputs per (model, signature), when [dispatch] sample_requests
         self._recent: dict[tuple[str, str], deque[dict[str, np.ndarray]]] = {}
         self._lock = threading.Lock()
-        self._corpora: dict[str, CorpusStore] = {}
-        self._corpus_lock = threading.Lock()
+        self.corpora = CorpusStores(config.state_dir / "corpus")
         # why re-prediction ran, most recent last (status/debugging: one entry per clock move)
         self.clock_replans: deque[str] = deque(maxlen=50)
         # background planning: a request never waits for profiling (seconds to minutes)
@@ -113,32 +106,28 @@ class Dispatcher:
 
     def resolve(self, name: str) -> tuple[str, Path, float | None]:
         """Model name (or path) -> (name, file, tolerance override)."""
-        resolver = getattr(self.models, "resolve_path", None)
-        return resolve_model(self.config, name, resolver if callable(resolver) else None)
+        return resolve_model(self.config, name,
+                             self.models.resolve_path if self.models is not None else None)
+
+    def profile_name(self) -> str | None:
+        """The DVFS profile in force (None without DVFS)."""
+        return self.profiles.active_name if self.profiles is not None else None
 
     def key_parts(self) -> dict[str, Any]:
         """What a cached plan depends on besides the model file itself."""
         return {"board": board_id(self.board),
-                "profile": getattr(self.profiles, "active_name", None),
+                "profile": self.profile_name(),
                 "runtimes": runtime_versions(self.backends), "edgepilot": __version__}
 
     def corpus_store(self) -> CorpusStore:
         """The kernel corpus for the board and DVFS profile in force now."""
-        parts = {"board": board_id(self.board),
-                 "profile": getattr(self.profiles, "active_name", None)}
-        key = json.dumps(parts, sort_keys=True, default=str)
-        with self._lock:
-            store = self._corpora.get(key)
-            if store is None:
-                store = self._corpora[key] = CorpusStore(self.config.state_dir / "corpus", parts)
-            return store
+        return self.corpora.store({"board": board_id(self.board), "profile": self.profile_name()})
 
     def kernel_models(self, targets: list[Target], progress: Progress | None = None
                       ) -> dict[str, KernelModel]:
         """Kernel-corpus fits of ``targets``: measured on first use, then cached."""
-        store = self.corpus_store()
-        with self._corpus_lock:  # two models planned at once measure the corpus once
-            return store.for_targets(self.backends, targets, progress)
+        return self.corpora.fits({"board": board_id(self.board), "profile": self.profile_name()},
+                                 self.backends, targets, progress)
 
     def budgets(self) -> dict[str, float]:
         mb = self.config.backends.memory_budget_mb
@@ -159,9 +148,10 @@ class Dispatcher:
 
     def _gguf(self, key: str, path: Path) -> GgufDispatch:
         return gguf_dispatch(self.config, key, path, self.llamacpp(), board=self.board,
-                             profiles=self.profiles,
+                             profile=self.profile_name(),
                              cache=self.cache, budgets=self.budgets(), progress=self.progress,
-                             emit=self.emit, hold=getattr(self.models, "hold_devices", None))
+                             emit=self.emit,
+                             hold=self.models.hold_devices if self.models is not None else None)
 
     def gguf_choice(self, name: str) -> GgufPlan | None:
         """The GGUF plan of ``name`` if one is planned or cached (never measures).
@@ -235,12 +225,11 @@ class Dispatcher:
         """Drop the least recently used signatures of ``name`` beyond ``limit`` (lock held)."""
         keys = [k for k in self._models if k[0] == name]
         for k in keys[:max(0, len(keys) - limit)]:
-            dropped = self._models.pop(k)
+            self._models.pop(k)
             self._recent.pop(k, None)
             self.plan_failures.pop(k, None)
             log.info("model %s: dropping the plan for shapes %s (more than %d signatures)",
                      name, k[1], limit)
-            del dropped
 
     def resident(self) -> list[tuple[tuple[str, str], int]]:
         """Compiled plan executables held now, least recently used first: ((model,
@@ -271,12 +260,6 @@ class Dispatcher:
     def prepared(self) -> list[AnyDispatch]:
         with self._lock:
             return [m for m in self._models.values() if m.plan is not None]
-
-    def signatures(self, name: str) -> list[str]:
-        """Signatures of ``name`` that have a plan, most recently used last."""
-        with self._lock:
-            return [sig for (n, sig), md in self._models.items()
-                    if n == name and md.plan is not None]
 
     def summaries(self) -> dict[str, Any]:
         """The plans in hand, planning nothing (``GET /v1/plan``, ``edgepilot top``): per model
@@ -329,7 +312,7 @@ class Dispatcher:
         except EdgepilotError as exc:
             log.debug("no plan for %s: %s", name, exc.message)
             return False
-        key = (name, getattr(md, "signature", ""))
+        key = (name, md.signature)
         if inputs is not None and self.config.dispatch.sample_requests:
             recent = self._recent.get(key)
             if recent is not None:
@@ -360,7 +343,7 @@ class Dispatcher:
             md = self.get(name)  # unknown model, or shapes still to give: the error says which
             if md.plan is not None:
                 return None
-            key = (name, getattr(md, "signature", ""))
+            key = (name, md.signature)
             if key in self.plan_failures:
                 raise PlanError(f"planning {name} failed: {self.plan_failures[key]}; "
                                 f"POST /v1/plan/{name}/replan tries again", field="model")
@@ -377,7 +360,7 @@ class Dispatcher:
                      shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
         """Operator-requested replan; ``reprofile`` measures the board again first."""
         md = self.get(name, shapes) if shapes is not None else self.latest(name)
-        self.plan_failures.pop((name, getattr(md, "signature", "")), None)
+        self.plan_failures.pop((name, md.signature), None)
 
         def work() -> dict[str, Any]:
             if reprofile or md.plan is None:
@@ -406,7 +389,7 @@ class Dispatcher:
         for md in models:
             try:
                 if isinstance(md, GgufDispatch):
-                    md.key_parts["profile"] = getattr(self.profiles, "active_name", None)
+                    md.key_parts["profile"] = self.profile_name()
                 else:
                     md.key_parts = self.key_parts()
                 md.set_clocks(freqs, reason)

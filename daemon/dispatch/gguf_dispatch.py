@@ -88,6 +88,9 @@ class GgufDispatch:
 
     builder = None  # no per-layer cost tables: fault/drift replans do not apply
 
+    # one plan per GGUF model, whatever the prompt: no input-shape signature
+    signature = ""
+
     def __init__(self, name: str, path: Path, backend: LlamaCppBackend, opts: GgufOptions, *,
                  cache: PlanCache | None = None, key_parts: dict[str, Any] | None = None,
                  budgets: dict[str, float] | None = None, progress: Progress | None = None,

@@ -9,6 +9,7 @@ from typing import Any
 
 from edgepilot import __version__
 from edgepilot.backends.llamacpp import LlamaCppBackend
+from edgepilot.board.board import Board
 from edgepilot.config import Config
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufOptions
 from edgepilot.dispatch.measure import Progress
@@ -17,7 +18,7 @@ from edgepilot.dispatch.targets import board_id
 
 
 def gguf_dispatch(config: Config, name: str, path: Path, backend: LlamaCppBackend, *,
-                  board: Any, profiles: Any,
+                  board: Board | None, profile: str | None,
                   cache: PlanCache, budgets: dict[str, float], progress: Progress,
                   emit: Callable[..., Any], hold: Any = None) -> GgufDispatch:
     """The plan state of the GGUF model ``name`` (nothing measured yet)."""
@@ -26,7 +27,7 @@ def gguf_dispatch(config: Config, name: str, path: Path, backend: LlamaCppBacken
     d = config.dispatch
     opts = GgufOptions(n_ctx=n_ctx, threads=d.gguf_threads, prompt_tokens=d.gguf_prompt_tokens,
                        decode_tokens=d.gguf_decode_tokens)
-    parts = {"board": board_id(board), "profile": getattr(profiles, "active_name", None),
+    parts = {"board": board_id(board), "profile": profile,
              "runtimes": {"llamacpp": str(backend.version() or "?")}, "edgepilot": __version__}
     return GgufDispatch(name, path, backend, opts, cache=cache, key_parts=parts,
                         budgets=budgets, progress=progress, emit=emit, hold=hold)

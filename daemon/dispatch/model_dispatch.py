@@ -1,11 +1,11 @@
-"""One model under the dispatcher: measure, plan, check, run, watch and replan (synchronous).
+"""One model under the dispatcher: measure, plan, check, watch and replan (synchronous).
 
 :meth:`ModelDispatch.prepare` partitions the file, loads the profile from the plan cache or
 measures it, plans, compiles the segments, checks the whole plan's output error (repairing the
 worst layers back to the fp32 reference until it is within tolerance) and times it end to end.
-:meth:`ModelDispatch.run` serves a request; a failing target is excluded, the model replanned
-and the same request retried, so no request is lost. Drift and clock changes replan too, but a
-new plan is applied only when it is predicted to win by more than the hysteresis.
+The serving layer runs requests on :meth:`current`; a failing segment (:meth:`fault`) excludes
+its target and replans, and the request is retried. Drift (:meth:`observe`) and clock changes
+replan too, applied only when predicted to win by more than the hysteresis.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from edgepilot.dispatch.measure import (
     median_ms,
 )
 from edgepilot.dispatch.monitor import Monitor, worth_switching
-from edgepilot.dispatch.partition import Partition, partition
+from edgepilot.dispatch.partition import Partition, covers_any, partition
 from edgepilot.dispatch.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
 from edgepilot.dispatch.planner import CostTable, plan_cost
@@ -45,7 +45,6 @@ from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
 log = logging.getLogger(__name__)
-
 Emit = Callable[..., Any]
 # (targets, progress) -> kernel models per target name (the dispatcher's CorpusStore)
 CorpusProvider = Callable[[list[Target], Progress | None], dict[str, KernelModel]]
@@ -129,7 +128,7 @@ class ModelDispatch:
             # keep every target of a backend that takes this kind of model: one that covers
             # only some layers (a delegate) is a planning fact, used for the layers it covers
             self.targets = [t for t in self.targets if t.backend in self.backends
-                            and self._covers_any(part, t)]
+                            and covers_any(self.backends[t.backend], part, t)]
             precision = "fp32"
             if kind == "tflite":
                 from edgepilot.backends.tflite import file_precision
@@ -178,14 +177,6 @@ class ModelDispatch:
             self._install(plan, compiled)
             return plan
 
-    def _covers_any(self, part: Partition, target: Target) -> bool:
-        """Whether ``target`` runs the whole model or at least one of its layers."""
-        backend = self.backends[target.backend]
-        if backend.supports(part.segment(0, len(part.layers)), target):
-            return True
-        return any(backend.supports(part.segment(i, i + 1), target)
-                   for i in range(len(part.layers)))
-
     @property
     def signature(self) -> str:
         return signature_of(self.shapes) if self.shapes is not None else ""
@@ -210,9 +201,8 @@ class ModelDispatch:
                             f"{', '.join(self.backends)}", field="targets") from None
 
     def _compile(self, plan: Plan, table: CostTable) -> CompiledPlan:
-        assert self.part is not None
+        assert self.part is not None and self.builder is not None
         segs = []
-        assert self.builder is not None
         for target, s, e in plan.segments:
             pred = self.builder.segment_ms(table, table.targets.index(target), s, e)
             # [0, n) is Segment(layers=None): the original file, the model's own inputs and
@@ -363,26 +353,6 @@ class ModelDispatch:
             drifted = self.monitor.observe(times) if compiled is self.compiled else []
             if drifted:
                 self._on_drift(drifted)
-
-    def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
-        """Serve one request in this thread (CLI, bench); a failing target is excluded and the
-        request retried. The daemon serves through the serving layer instead, which runs the
-        same steps one segment at a time under each segment's device queue."""
-        if self.compiled is None:
-            self.prepare()
-        for _ in range(self.attempts()):
-            current = self.current()
-            assert current is not None
-            compiled, plan = current
-            try:
-                outputs, times = compiled.run(inputs)
-            except SegmentFault as fault:
-                self.fault(fault, plan.hash)
-                continue
-            self.observe(compiled, times)
-            return outputs, plan.hash
-        raise PlanError(f"model {self.name}: every target failed for this request; "
-                        "see the backend.fault events", field="model")
 
     def _exclude(self, target: str, seen_hash: str) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import ModelKind, Segment
+from edgepilot.backends.base import Backend, ModelKind, Segment, Target
 from edgepilot.errors import ModelError, PlanError
 from edgepilot.formats import files
 from edgepilot.formats.graph_node import Node
@@ -246,3 +246,10 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
                      list(nodes), sizes, dict(shapes or {}), graph_path)
+
+
+def covers_any(backend: Backend, part: Partition, target: Target) -> bool:
+    """Whether ``target`` runs the whole model or at least one of its layers."""
+    if backend.supports(part.segment(0, len(part.layers)), target):
+        return True
+    return any(backend.supports(part.segment(i, i + 1), target) for i in range(len(part.layers)))

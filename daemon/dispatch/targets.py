@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from edgepilot.backends.base import Backend, Target
+from edgepilot.board.board import Board
 from edgepilot.errors import ConfigError, EdgepilotError
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def reference_target(targets: list[Target], kind: str, precision: str = "fp32") 
                       field="model")
 
 
-def board_freqs(board: Any) -> dict[str, float]:
+def board_freqs(board: Board | None) -> dict[str, float]:
     """Current clocks per device kind in kHz (cpu = fastest policy); {} without a board."""
     if board is None:
         return {}
@@ -74,11 +74,11 @@ def board_freqs(board: Any) -> dict[str, float]:
     return out
 
 
-def board_id(board: Any) -> str:
-    identity = getattr(board, "identity", None)
-    if identity is None:
+def board_id(board: Board | None) -> str:
+    """``family:model`` of the board plans are keyed by ("unknown" without one)."""
+    if board is None:
         return "unknown"
-    data = identity.as_dict() if hasattr(identity, "as_dict") else {"id": str(identity)}
+    data = board.identity.as_dict()
     return f"{data.get('family') or 'generic'}:{data.get('model') or 'unknown'}"
 
 

@@ -188,7 +188,7 @@ class TelemetrySampler:
                     out[_RENAMED.get(key, key)] = value
         if self.energy.started:
             out["energy_j"] = round(self.energy.energy_j, 6)
-        profile = getattr(self.daemon.profiles, "active_name", None)
+        profile = self.daemon.profiles.active_name if self.daemon.profiles is not None else None
         if profile is not None:
             out["profile"] = profile
         out["cpu_util_pct"] = raw.cpu_util_pct
