@@ -1,4 +1,9 @@
-"""``GET /v1/profile`` (active profile and clocks) and ``PUT /v1/profile`` (apply one)."""
+"""``GET /v1/profile`` (active profile and clocks) and ``PUT /v1/profile`` (apply one).
+
+REST spellings of the ``profile.get`` and ``profile.apply`` commands: they run through the
+command registry like ``POST /v1/commands/{verb}`` and MQTT ``cmd/<verb>``, so the three agree
+on validation and on what is mutating (the token).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ class ProfileBody(BaseModel):
 @router.get("/v1/profile", summary="Active DVFS profile and the board's current clocks")
 async def get_profile(request: Request) -> dict[str, Any]:
     daemon = request.app.state.daemon
-    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.status)
+    result: dict[str, Any] = await daemon.commands.execute(daemon, "profile.get", {})
     return result
 
 
@@ -29,5 +34,6 @@ async def get_profile(request: Request) -> dict[str, Any]:
             summary="Apply a DVFS profile (rolled back entirely on failure)")
 async def put_profile(request: Request, body: ProfileBody) -> dict[str, Any]:
     daemon = request.app.state.daemon
-    result: dict[str, Any] = await daemon.run_blocking(daemon.profiles.apply, body.name)
+    result: dict[str, Any] = await daemon.commands.execute(daemon, "profile.apply",
+                                                           body.model_dump())
     return result
