@@ -104,7 +104,7 @@ def board_report(config: Config) -> dict[str, Any]:
 
 
 def collect(config: Config, backends: list[str] | None = None) -> dict[str, Any]:
-    from edgepilot.selftest import as_dicts, run_selftests
+    from edgepilot.serving.probes import as_dicts, run_selftests
 
     results = run_selftests(config, backends)
     from edgepilot.mqtt import spool_info

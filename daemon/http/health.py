@@ -23,9 +23,12 @@ async def readyz(request: Request) -> JSONResponse:
     reasons = daemon.not_ready_reasons()
     if daemon.stopping:
         reasons["daemon"] = "stopping"
+    # each backend target's tiny probe, run once at start (PASS / FAIL / SKIP)
+    targets = dict(daemon.serving.targets)
     if reasons:
-        return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503)
-    return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready", "reasons": reasons, "targets": targets},
+                            status_code=503)
+    return JSONResponse({"status": "ready", "targets": targets})
 
 
 @router.get("/metrics", summary="Prometheus metrics, text format")

@@ -74,6 +74,8 @@ class Serving:
         # (path, mtime, size) -> input specs: reading a file's specs costs ms, a request µs
         self._specs: dict[tuple[str, float, int], list[TensorSpec]] = {}
         self._batchers: dict[str, Batcher] = {}
+        # each backend target's probe result (PASS/FAIL/SKIP), for /readyz; filled at start
+        self.targets: dict[str, str] = {}
 
     def reload(self, new: Config) -> None:
         """A reloaded config: new queue limits and batch settings from now on."""

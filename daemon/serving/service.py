@@ -19,6 +19,7 @@ from edgepilot.serving.commands import register_infer
 from edgepilot.serving.core import Serving
 from edgepilot.serving.devices import DeviceQueues
 from edgepilot.serving.generate import Generator
+from edgepilot.serving.probes import run_selftests, target_status
 from edgepilot.serving.registry import ModelRegistry
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class ModelsService:
         self.daemon = daemon
         self.registry = registry
         self._reaper: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
         self.failed: dict[str, str] = {}  # configured model -> why it did not load at start
 
     async def start(self) -> None:
@@ -80,7 +82,29 @@ class ModelsService:
                 log.error("model %s not loaded: %s", entry.name, exc.message)
                 self.failed[entry.name] = exc.message
         self._reaper = asyncio.create_task(self._reap_forever(), name="models-reaper")
+        self._prober = asyncio.create_task(self._probe_targets(), name="target-probes")
         self._update_ready()
+
+    async def _probe_targets(self) -> None:
+        """Run each backend target's tiny probe once (``edgepilot doctor``'s) in the
+        background; ``/readyz`` shows the results and says not ready when no target passed,
+        which a daemon that can load its runtimes yet compute nothing would otherwise hide."""
+        self.daemon.serving.targets = {"*": "probing"}
+        try:
+            results = await self.daemon.run_blocking(
+                run_selftests, self.daemon.config, None, self.daemon.backends.get)
+        except Exception as exc:
+            log.exception("backend target probes could not run")
+            self.daemon.serving.targets = {"*": f"probes could not run: {exc}"}
+            return
+        self.daemon.serving.targets = target_status(results)
+        failed = sorted(t for t, s in self.daemon.serving.targets.items() if s == "FAIL")
+        if failed:
+            log.warning("backend targets that failed their probe: %s (edgepilot doctor says "
+                        "why)", ", ".join(failed))
+        if "PASS" not in self.daemon.serving.targets.values():
+            self.daemon.set_ready("targets", "no backend target passed its probe; run "
+                                             "`edgepilot doctor` for the reasons")
 
     def _update_ready(self) -> None:
         reason = "; ".join(f"model {n!r} failed to load: {m}"
@@ -101,10 +125,11 @@ class ModelsService:
                 log.exception("keep-alive unload failed")
 
     async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._prober):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.registry.close()
 
     async def check(self, new: Config) -> None:

@@ -182,8 +182,12 @@ def _gguf_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
     return results
 
 
-def run_selftests(config: Config, names: list[str] | None = None) -> list[BackendResult]:
-    """Probe every backend (or ``names``) and run the tiny model on each of its targets."""
+def run_selftests(config: Config, names: list[str] | None = None,
+                  backend_of: Callable[[str], Backend] | None = None) -> list[BackendResult]:
+    """Probe every backend (or ``names``) and run the tiny model on each of its targets.
+
+    ``backend_of`` gives the backend instance to probe (the daemon's own, one per runtime);
+    by default each is built here with its config section (``edgepilot doctor``)."""
     out: list[BackendResult] = []
     with tempfile.TemporaryDirectory(prefix="edgepilot-doctor-") as tmp:
         work = Path(tmp)
@@ -192,7 +196,8 @@ def run_selftests(config: Config, names: list[str] | None = None) -> list[Backen
             res = BackendResult(name, available=False)
             out.append(res)
             try:
-                backend = load_backend(name, settings_for(config, name))
+                backend = (backend_of(name) if backend_of is not None
+                           else load_backend(name, settings_for(config, name)))
                 targets = backend.probe()
                 res.available, res.version = True, backend.version()
             except BackendUnavailable as exc:
@@ -216,3 +221,8 @@ def run_selftests(config: Config, names: list[str] | None = None) -> list[Backen
 
 def as_dicts(results: list[BackendResult]) -> list[dict[str, Any]]:
     return [asdict(r) for r in results]
+
+
+def target_status(results: list[BackendResult]) -> dict[str, str]:
+    """``{target: PASS | FAIL | SKIP}`` over every probed target."""
+    return {t.target: t.status for r in results for t in r.targets}
