@@ -20,7 +20,14 @@ async def list_commands(request: Request) -> dict[str, Any]:
                       for v in reg.verbs()]}
 
 
-@router.post("/v1/commands/{verb}", summary="Run a command (the MQTT cmd/<verb> equivalent)")
+# the body is read and parsed here (off the loop), so FastAPI does not document it by itself
+COMMAND_OPENAPI = {"requestBody": {"required": False, "content": {"application/json": {"schema": {
+    "type": "object", "description": "the verb's params (GET /v1/commands lists the verbs); "
+    "an empty body is {}"}}}}}
+
+
+@router.post("/v1/commands/{verb}", summary="Run a command (the MQTT cmd/<verb> equivalent)",
+             openapi_extra=COMMAND_OPENAPI)
 async def run_command(verb: str, request: Request) -> dict[str, Any]:
     daemon = request.app.state.daemon
     raw = await request.body()

@@ -59,7 +59,33 @@ def decode_npy(raw: bytes, name: str) -> dict[str, np.ndarray]:
     return {name: arr}
 
 
-@router.post("/v1/infer/{model}", summary="Run a tensor model (JSON or .npy)")
+# The route reads its body itself (JSON parsed off the loop, or .npy bytes), so FastAPI cannot
+# derive the request body: documented here for /openapi.json (and the schemathesis suite)
+_TENSOR = {"type": "object", "required": ["data"], "additionalProperties": False,
+           "properties": {"data": {"description": "values, flat or nested"},
+                          "dtype": {"type": "string", "enum": list(ALLOWED_DTYPES)},
+                          "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}
+INFER_OPENAPI = {
+    "parameters": [
+        {"name": "timeout_ms", "in": "query", "required": False,
+         "description": "how long the request may wait for its devices (504 after)",
+         "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 3_600_000}},
+        {"name": "input", "in": "query", "required": False,
+         "description": "the input a .npy body is for (models with several inputs)",
+         "schema": {"type": "string"}},
+        {"name": "output", "in": "query", "required": False,
+         "description": "the output answered as .npy (Accept: application/x-npy)",
+         "schema": {"type": "string"}}],
+    "requestBody": {"required": True, "content": {
+        "application/json": {"schema": {
+            "type": "object", "required": ["inputs"], "additionalProperties": False,
+            "properties": {"inputs": {"type": "object", "additionalProperties": _TENSOR}}}},
+        "application/x-npy": {"schema": {"type": "string", "format": "binary"}}}},
+}
+
+
+@router.post("/v1/infer/{model}", summary="Run a tensor model (JSON or .npy)",
+             openapi_extra=INFER_OPENAPI)
 async def infer(model: str, request: Request) -> Response:
     serving: Serving = request.app.state.daemon.serving
     resolved = serving.tensor_model(model)
