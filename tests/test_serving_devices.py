@@ -161,3 +161,54 @@ def test_a_planned_model_turns_the_excess_of_64_concurrent_requests_into_503(
     for b in ok:
         got = np.asarray(b["outputs"]["y"]["data"], np.float32).reshape(want.shape)
         assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 0.05
+
+
+def test_a_request_past_its_deadline_is_refused_before_it_runs(tmp_path: Path,
+                                                               instrumented: None) -> None:
+    d = daemon(tmp_path, dispatch={"enabled": False})
+    RECORDER.hold_s = 0.5  # the first request keeps the device half a second
+    xs = requests(3)
+
+    async def scenario() -> list[Any]:
+        d._loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(d.serving.infer("m", {"x": xs[0]}))
+        while RECORDER.runs["cpu"] == 0:  # it is inside the device now
+            await asyncio.sleep(0.005)
+        late = [d.serving.infer("m", {"x": x}, timeout_s=0.1) for x in xs[1:]]
+        return await asyncio.gather(first, *late, return_exceptions=True)
+
+    try:
+        first, *late = asyncio.run(scenario())
+    finally:
+        d.executor.shutdown(wait=True)
+    assert not isinstance(first, BaseException)
+    assert [type(e).__name__ for e in late] == ["DeadlineExceeded"] * 2
+    assert all(e.http_status == 504 and e.field == "timeout_ms" for e in late)
+    assert RECORDER.runs["cpu"] == 1  # nothing was computed for the late ones
+
+
+def test_a_cancelled_request_leaves_the_line(tmp_path: Path, instrumented: None) -> None:
+    d = daemon(tmp_path, dispatch={"enabled": False})
+    RECORDER.hold_s = 0.3
+    xs = requests(2)
+
+    async def scenario() -> int:
+        d._loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(d.serving.infer("m", {"x": xs[0]}))
+        while RECORDER.runs["cpu"] == 0:
+            await asyncio.sleep(0.005)
+        waiting = asyncio.ensure_future(d.serving.infer("m", {"x": xs[1]}))
+        queue = d.devices.queue("cpu")
+        while queue.queued == 0:
+            await asyncio.sleep(0.005)
+        waiting.cancel()  # the client went away
+        await asyncio.sleep(0.01)
+        left = queue.queued
+        await first
+        return left
+
+    try:
+        assert asyncio.run(scenario()) == 0
+    finally:
+        d.executor.shutdown(wait=True)
+    assert RECORDER.runs["cpu"] == 1
