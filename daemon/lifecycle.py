@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Gauge, Info
 
 from edgepilot import __version__
 from edgepilot.commands import CommandRegistry
-from edgepilot.config import Config, load_config
+from edgepilot.config import Config, check_http_exposure, load_config
 from edgepilot.errors import ConfigError, EdgepilotError
 from edgepilot.events import EventBus
 from edgepilot.sdnotify import Notifier, watchdog_interval_s
@@ -257,6 +257,8 @@ class Daemon:
         self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
             new = load_config(self.config_path, self.overrides)
+            # a token taken out while the API listens beyond loopback: refused like at start
+            check_http_exposure(self.http_host, new.http)
             for svc in self.services:
                 # what only the running daemon can judge (a profile this board lacks, a model
                 # path outside the model dir): refuse the file instead of half-applying it

@@ -4,6 +4,7 @@ refused at start (exit 2, one line naming the keys) unless ``[http] allow_unauth
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -90,3 +91,18 @@ def wait_for_log(d: DaemonProcess, pattern: str, timeout: float = 60.0) -> str:
         assert d.proc is not None and d.proc.poll() is None, d.output()
         time.sleep(0.1)
     raise AssertionError(f"{pattern!r} never in the log:\n{d.output()}")
+
+
+def test_a_reload_that_drops_the_token_of_an_exposed_daemon_is_rejected(
+        tmp_path: Path, daemon_factory: Any) -> None:
+    exposed = BASE + '[http]\nhost = "0.0.0.0"\ntoken = "exposure-token-1"\n'
+    d: DaemonProcess = daemon_factory(exposed,
+                                      extra_args=["--model-dir", str(tmp_path / "models")])
+    d.start()
+    assert d.config_path is not None
+    d.config_path.write_text(BASE + '[http]\nhost = "0.0.0.0"\n')
+    d.send_signal(signal.SIGHUP)
+    wait_for_log(d, r"(reload rejected, keeping the running config: .*allow_unauthenticated)")
+    status, body = d.request("GET", "/v1/config")
+    assert status == 200 and body["config"]["http"]["token"] == "***"  # still the old config
+    assert d.stop() == 0
