@@ -17,6 +17,7 @@ from edgepilot.backends.base import Backend, Executable, Segment, Support, Targe
 from edgepilot.backends.llamacpp_exe import LlamaExecutable, TokenStream
 from edgepilot.backends.llamacpp_options import LlamacppSection
 from edgepilot.backends.llamacpp_parallel import LlamaBatchExecutable
+from edgepilot.backends.llamacpp_proxy import Emit, LlamaWorkerExecutable
 from edgepilot.backends.llamacpp_runtime import (
     LLAMA_THREAD,
     LlamaThread,
@@ -31,7 +32,8 @@ from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 
 # the pieces live in llamacpp_runtime/_exe/_batch/_parallel; this is the backend's public face
 __all__ = ["LLAMA_THREAD", "NATIVE", "LlamaBatchExecutable", "LlamaCppBackend", "LlamaExecutable",
-           "LlamaThread", "ThreadGovernor", "TokenStream", "n_gpu_layers_for",
+           "LlamaThread", "LlamaWorkerExecutable", "ThreadGovernor", "TokenStream",
+           "n_gpu_layers_for",
            "refused_as_bad_request", "usage_of"]
 
 log = logging.getLogger(__name__)
@@ -146,3 +148,16 @@ class LlamaCppBackend(Backend):
         if n_seq > 1:
             return LlamaBatchExecutable(llm, info, target, s.kv_cache_type, n_gpu, n_seq)
         return LlamaExecutable(llm, info, target, s.kv_cache_type, n_gpu)
+
+    def open_served(self, path: Path, *, model: str, n_ctx: int | None = None,
+                    n_gpu_layers: int | None = None, info: GgufInfo | None = None,
+                    emit: Emit | None = None) -> LlamaExecutable | LlamaWorkerExecutable:
+        """Load ``path`` to serve requests, where ``[backends.llamacpp] isolation`` says:
+        ``"process"`` in a worker process named after ``model`` (``emit`` hears its faults
+        and restarts), ``"thread"`` in this process (:meth:`open`). The GGUF planner measures
+        with :meth:`open` either way: it times llama.cpp itself, not the hand-over."""
+        if self.settings.isolation == "thread":
+            return self.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info)
+        import_llama_cpp()  # a missing llama-cpp-python is BackendUnavailable here, not there
+        return LlamaWorkerExecutable(model, path, self.settings, n_ctx=n_ctx,
+                                     n_gpu_layers=n_gpu_layers, emit=emit)

@@ -29,4 +29,9 @@ class LlamacppSection(BaseModel):
         description="Chats one model generates at once, as sequences of one llama.cpp context "
                     "(continuous batching), each with n_ctx / parallel tokens of it (llama.cpp "
                     "rounds each share up to a multiple of 256); 1 = one request at a time.")
-
+    isolation: Literal["process", "thread"] = Field(
+        "process",
+        description="Where a served GGUF runs: 'process' = in a worker process "
+                    "(`edgepilot worker llamacpp <model>`), so a crash in llama.cpp costs only "
+                    "the requests on that model and the worker is restarted; 'thread' = inside "
+                    "the daemon on its llama.cpp thread (a native crash takes the daemon).")

@@ -166,7 +166,11 @@ def test_registry_loads_gguf_with_the_plans_threads(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir(exist_ok=True)
 
     def daemon() -> Daemon:
-        d = Daemon(config(tmp_path, gguf_threads=[1]))
+        cfg = config(tmp_path, gguf_threads=[1])
+        # in this process: the test reads the loaded llama's own thread counts (the worker
+        # process path is covered in test_llama_worker.py)
+        cfg.backends.llamacpp.isolation = "thread"
+        d = Daemon(cfg)
         attach_models(d)
         attach_dispatch(d)
         d.models.dispatcher = d.serving.dispatcher = d.dispatcher  # as attach_capabilities

@@ -117,7 +117,7 @@ async def list_models(request: Request) -> dict[str, Any]:
     gen = _generator(request)
     created = int(request.app.state.daemon.started_at)
     data = [{"id": m["name"], "object": "model", "created": created, "owned_by": "edgepilot",
-             "kind": m.get("kind"), "loaded": m["loaded"]}
+             "kind": m.get("kind"), "loaded": m["loaded"], "worker_pid": m.get("worker_pid")}
             for m in gen.registry.listing()]
     return {"object": "list", "data": data}
 

@@ -25,7 +25,7 @@ import psutil
 
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
-from edgepilot.backends.llamacpp import LlamaCppBackend
+from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable
 from edgepilot.config import Config, ModelEntry
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.gguf_dispatch import GgufDispatch
@@ -136,7 +136,9 @@ class ModelRegistry:
             lm = self.loaded.get(name)
             if lm is not None:
                 item.update(target=str(lm.executable.target), memory_bytes=lm.memory_bytes,
-                            idle_s=round(time.monotonic() - lm.last_used, 3))
+                            idle_s=round(time.monotonic() - lm.last_used, 3),
+                            # a model in a worker process (GGUF isolation): which one; else None
+                            worker_pid=getattr(lm.executable, "worker_pid", None))
             if name in self.errors:
                 item["error"] = self.errors[name]
             out.append(item)
@@ -247,15 +249,18 @@ class ModelRegistry:
             except Exception as exc:  # a broken cache must not stop the model from loading
                 log.warning("no GGUF plan for %s (%s); loading with the configured settings",
                             model.name, exc)
-        if plan is None:
-            exe = llama.open(model.path, n_ctx=n_ctx, info=info)
-        else:
-            exe = llama.open(model.path, n_ctx=n_ctx, n_gpu_layers=plan.n_gpu_layers, info=info)
+        # [backends.llamacpp] isolation: a worker process (default) or the llama.cpp thread
+        exe = llama.open_served(model.path, model=model.name, n_ctx=n_ctx, info=info,
+                                n_gpu_layers=None if plan is None else plan.n_gpu_layers,
+                                emit=self.emit)
+        if plan is not None:
             exe.set_threads(plan.n_threads)
             log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
                      plan.n_threads, plan.n_gpu_layers)
-        if gd is not None:
+        if isinstance(exe, LlamaExecutable) and gd is not None:
             gd.serve(exe)
+        elif gd is not None:
+            exe.governor = gd  # the worker's thread count and decode speed, relayed
         return exe
 
     def _gguf_plan(self, name: str) -> GgufDispatch | None:

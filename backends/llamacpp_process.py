@@ -1,0 +1,258 @@
+"""One life of a llama.cpp worker process, as the daemon sees it: the child, the connection,
+the requests in flight on it, and how it died.
+
+A reader thread routes the worker's messages (see :mod:`.llamacpp_worker` for the protocol) to
+each request's queue. When the connection breaks, the process is reaped and every request still
+in flight gets a :class:`WorkerCrashed` naming how it ended (the signal, or the exit status).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import pickle
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from multiprocessing.connection import Connection
+from typing import Any
+
+from edgepilot import errors
+from edgepilot.errors import BackendError
+
+log = logging.getLogger(__name__)
+# how long a worker may take to leave after it is asked to close, before it is killed
+CLOSE_TIMEOUT_S = 10.0
+StepGuard = Callable[[], AbstractContextManager[None]]
+
+
+class WorkerCrashed(BackendError):
+    """The worker process running a model died under a request (a native crash, an OOM kill,
+    an operator's kill); the model's next request gets a fresh worker."""
+
+    code = "worker_crashed"
+    http_status = 503
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """``returncode`` in words: the signal (with what usually sends it) or the exit status."""
+    if returncode is None:
+        return "closed its connection"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = {"SIGSEGV": ": a crash in llama.cpp", "SIGABRT": ": llama.cpp aborted",
+                "SIGKILL": ": the kernel's OOM killer or an operator",
+                "SIGBUS": ": a crash in llama.cpp (a model file changed under its mmap?)"}
+        return f"was killed by signal {-returncode} ({name}{hint.get(name, '')})"
+    return f"exited with status {returncode}"
+
+
+def rebuild_error(data: dict[str, Any]) -> Exception:
+    """An error the worker sent as plain data, as the edgepilot exception it was."""
+    cls = getattr(errors, str(data.get("type")), None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.EdgepilotError)):
+        cls = BackendError
+    return cls(str(data.get("message")), field=data.get("field"))
+
+
+def worker_argv(model: str, fd: int) -> list[str]:
+    """The worker's command line: ``... -m edgepilot worker llamacpp <model> --fd N``."""
+    level = logging.getLevelName(logging.getLogger("edgepilot").getEffectiveLevel()).lower()
+    argv = [sys.executable, "-m", "edgepilot", "worker", "llamacpp", model, "--fd", str(fd)]
+    if level in ("debug", "info", "warning", "error"):
+        argv += ["--log-level", level]
+    return argv
+
+
+class WorkerProcess:
+    """A started worker with the model loaded (the constructor waits for it), or an error."""
+
+    def __init__(self, model: str, options: dict[str, Any], guard: Callable[[], StepGuard | None],
+                 on_death: Callable[[WorkerProcess], None]) -> None:
+        self.model = model
+        self._guard = guard
+        self._on_death = on_death
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.pending: dict[int, queue.SimpleQueue[tuple[Any, ...]]] = {}
+        self.fault: WorkerCrashed | None = None
+        self.returncode: int | None = None
+        self.in_flight_lost = 0
+        self.closing = False
+        self.started = time.monotonic()
+        self.dead = threading.Event()
+        self._steps: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._step_done: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._guard_thread: threading.Thread | None = None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(worker_argv(model, theirs.fileno()),
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+        self.conn = Connection(ours.detach())
+        try:
+            self.conn.send(("open", options))
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            rc = self._reap()
+            raise WorkerCrashed(f"the llama.cpp worker for {model!r} (pid {self.pid}) "
+                                f"{how_it_ended(rc)} while loading the model; see the log "
+                                "above", field="model") from None
+        if reply[0] != "ready":
+            self._reap()
+            raise rebuild_error(reply[1])
+        self.facts: dict[str, Any] = reply[1]
+        threading.Thread(target=self._read, name=f"llama-worker-{self.pid}",
+                         daemon=True).start()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def send(self, msg: tuple[Any, ...]) -> None:
+        """Send one message; a worker already gone is a :class:`WorkerCrashed`."""
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+        except (OSError, ValueError):
+            self.dead.wait(CLOSE_TIMEOUT_S)  # the reader names the fault
+            raise self.fault or WorkerCrashed(
+                f"the llama.cpp worker for {self.model!r} (pid {self.pid}) is gone",
+                field="model") from None
+
+    def request(self, method: str, kwargs: dict[str, Any]
+                ) -> tuple[int, queue.SimpleQueue[tuple[Any, ...]]]:
+        """Start ``method`` in the worker; its answers arrive on the returned queue."""
+        answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        with self._lock:
+            if self.fault is not None:
+                raise self.fault
+            rid = next(self._ids)
+            self.pending[rid] = answers
+        try:
+            self.send(("call", rid, method, kwargs))
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            # pickling refused a parameter (a callable such as a logits processor)
+            self.forget(rid)
+            raise BackendError(
+                f"a {method} parameter cannot be sent to the model's worker process ({exc}); "
+                "only plain data crosses it — or set [backends.llamacpp] isolation = "
+                "'thread'", field="params") from None
+        except BaseException:
+            self.forget(rid)
+            raise
+        return rid, answers
+
+    def forget(self, rid: int) -> None:
+        with self._lock:
+            self.pending.pop(rid, None)
+
+    def call(self, method: str, **kwargs: Any) -> Any:
+        """``method`` in the worker, waited for: its value, or its error raised here."""
+        rid, answers = self.request(method, kwargs)
+        try:
+            msg = answers.get()
+        finally:
+            self.forget(rid)
+        if msg[0] == "result":
+            return msg[1]
+        raise msg[1]
+
+    # ---- the reader ----------------------------------------------------------------------------
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # a message we cannot read: the worker is no longer trusted
+                log.exception("unreadable message from llama.cpp worker %d", self.pid)
+                self.proc.kill()
+                break
+            kind = msg[0]
+            if kind == "step":
+                self._start_guard()
+                self._steps.put(msg[1])
+            elif kind == "step_done":
+                self._step_done.put(msg[1])
+            else:
+                with self._lock:
+                    answers = self.pending.get(msg[1])
+                if answers is None:
+                    continue  # a request given up on (its caller left)
+                if kind == "error":
+                    answers.put(("error", rebuild_error(msg[2])))
+                else:
+                    answers.put(msg[:1] + msg[2:])
+        rc = self._reap()
+        self.fault = WorkerCrashed(
+            f"the llama.cpp worker for model {self.model!r} (pid {self.pid}) {how_it_ended(rc)}"
+            "; the request on it is lost and the worker is restarted — retry (the daemon log "
+            "holds the worker's last words)", field="model")
+        self.returncode = rc
+        with self._lock:
+            lost = list(self.pending.values())
+            self.pending.clear()
+        for answers in lost:
+            answers.put(("error", self.fault))
+        self._steps.put(None)
+        self._step_done.put(None)
+        self.dead.set()
+        if not self.closing:
+            self.in_flight_lost = len(lost)
+            self._on_death(self)
+
+    def _reap(self) -> int | None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        try:
+            return self.proc.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # the connection broke but it lives: end it
+            self.proc.kill()
+            return self.proc.wait()
+
+    # ---- step guard ----------------------------------------------------------------------------
+    def _start_guard(self) -> None:
+        if self._guard_thread is None:
+            self._guard_thread = threading.Thread(target=self._hold_steps, daemon=True,
+                                                  name=f"llama-worker-{self.pid}-steps")
+            self._guard_thread.start()
+
+    def _hold_steps(self) -> None:
+        """Each decode step the worker asks for runs while this thread holds the parent's step
+        guard (the serving layer's device): take it, say go, give it back when the worker says
+        the step is done (or dies)."""
+        while True:
+            token = self._steps.get()
+            if token is None:
+                return
+            factory = self._guard()
+            with factory() if factory is not None else contextlib.nullcontext():
+                try:
+                    self.send(("step_go", token))
+                except WorkerCrashed:
+                    return
+                if self._step_done.get() is None:
+                    return
+
+    # ---- the end -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Ask the worker to close the model and leave; killed if it does not in time."""
+        self.closing = True
+        with contextlib.suppress(WorkerCrashed):
+            self.send(("close",))
+        if not self.dead.wait(CLOSE_TIMEOUT_S):
+            log.warning("llama.cpp worker %d did not leave in %.0f s; killing it", self.pid,
+                        CLOSE_TIMEOUT_S)
+            self.proc.kill()
+            self.dead.wait(CLOSE_TIMEOUT_S)

@@ -1,0 +1,278 @@
+"""GGUF models in a worker process (``[backends.llamacpp] isolation = "process"``, the default):
+the worker's command line, the same tokens as in-process, cancel, the step guard honoured in the
+daemon, and crash containment — a worker killed under a streamed chat over real HTTP ends that
+stream with an error naming the signal while the daemon (same PID) serves the next chat from a
+restarted worker. Real llama-cpp-python on the generated tiny GGUF and on SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon_proc import DaemonProcess
+from models_fixtures import gguf_path, module_tmp, smollm2_gguf, start_daemon  # noqa: F401
+
+from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable, LlamaWorkerExecutable
+from edgepilot.backends.llamacpp_options import LlamacppSection
+from edgepilot.backends.llamacpp_process import WorkerCrashed
+from edgepilot.errors import BackendError, CommandError
+
+QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
+STORY = [{"role": "user", "content": "Write a long story about a robot who learns to paint."}]
+Event = tuple[str, dict[str, Any]]
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def served(path: Path, name: str, events: list[Event] | None = None,
+           **settings: Any) -> LlamaWorkerExecutable:
+    backend = LlamaCppBackend(LlamacppSection(**settings))
+    exe = backend.open_served(path, model=name, emit=lambda kind, **f: (
+        events.append((kind, f)) if events is not None else None))
+    assert isinstance(exe, LlamaWorkerExecutable)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def smol_worker() -> Iterator[tuple[LlamaWorkerExecutable, list[Event]]]:
+    events: list[Event] = []
+    exe = served(smollm2_gguf(), "smol", events, n_ctx=1024)
+    yield exe, events
+    exe.close()
+
+
+@pytest.fixture(scope="module")
+def smol_inproc() -> Iterator[LlamaExecutable]:
+    exe = LlamaCppBackend(LlamacppSection(n_ctx=1024, isolation="thread")).open_served(
+        smollm2_gguf(), model="smol")
+    assert isinstance(exe, LlamaExecutable)
+    yield exe
+    exe.close()
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+
+
+def test_the_worker_is_named_by_its_command_line(gguf_path: Path) -> None:  # noqa: F811
+    exe = served(gguf_path, "demo-chat", n_ctx=256)
+    try:
+        pid = exe.worker_pid
+        assert pid is not None and pid != os.getpid()
+        assert "-m edgepilot worker llamacpp demo-chat --fd " in cmdline(pid)
+        assert (exe.n_ctx, exe.max_concurrency, str(exe.target)) == (256, 1, "llamacpp/cpu/q8_0")
+        ref = LlamaCppBackend().open(gguf_path)
+        assert exe.tokenize("hello") == ref.tokenize("hello")
+        ref.close()
+    finally:
+        exe.close()
+    assert not Path(f"/proc/{pid}").exists()  # closed: the worker left and was reaped
+
+
+def test_isolation_thread_loads_in_this_process(gguf_path: Path) -> None:  # noqa: F811
+    exe = LlamaCppBackend(LlamacppSection(isolation="thread")).open_served(gguf_path, model="t")
+    try:
+        assert isinstance(exe, LlamaExecutable) and not hasattr(exe, "worker_pid")
+    finally:
+        exe.close()
+
+
+def test_temperature_zero_answers_are_identical_in_the_worker_and_in_process(
+        smol_worker: tuple[LlamaWorkerExecutable, list[Event]],
+        smol_inproc: LlamaExecutable) -> None:
+    worker, _ = smol_worker
+    for messages in (QUESTION, STORY):
+        a = worker.chat(messages, temperature=0, max_tokens=32)
+        b = smol_inproc.chat(messages, temperature=0, max_tokens=32)
+        assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    stream = worker.chat(QUESTION, temperature=0, max_tokens=32, stream=True)
+    chunks = list(stream)
+    whole = smol_inproc.chat(QUESTION, temperature=0, max_tokens=32)
+    assert text_of(chunks) == whole["choices"][0]["message"]["content"]
+    assert stream.usage == whole["usage"]
+    a = worker.complete("The capital of France is", temperature=0, max_tokens=8)
+    b = smol_inproc.complete("The capital of France is", temperature=0, max_tokens=8)
+    assert a["choices"] == b["choices"] and a["usage"] == b["usage"]
+    tokens = {"tokens": np.asarray(worker.tokenize("Paris is"), dtype=np.int32)}
+    assert (worker.run(tokens)["logits"] == smol_inproc.run(tokens)["logits"]).all()
+
+
+def test_cancel_stops_a_streamed_chat_at_the_next_token(
+        smol_worker: tuple[LlamaWorkerExecutable, list[Event]]) -> None:
+    worker, _ = smol_worker
+    cancel = threading.Event()
+    stream = worker.chat(STORY, temperature=0, max_tokens=400, stream=True, cancel=cancel)
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 4:
+            cancel.set()
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert stream.usage is not None and stream.usage["completion_tokens"] < 40
+    # and a stream left early is cancelled in the worker, which then serves the next request
+    it = iter(worker.chat(STORY, temperature=0, max_tokens=400, stream=True))
+    next(it)
+    it.close()  # type: ignore[attr-defined]
+    assert worker.chat(QUESTION, temperature=0, max_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+def test_params_that_are_not_plain_data_are_refused_by_name(
+        smol_worker: tuple[LlamaWorkerExecutable, list[Event]]) -> None:
+    worker, _ = smol_worker
+    with pytest.raises(BackendError, match="cannot be sent to the model's worker process"):
+        worker.chat(QUESTION, max_tokens=2, logits_processor=[lambda ids, scores: scores])
+    with pytest.raises(CommandError, match=r"llama\.cpp refused the request"):
+        worker.complete("word " * 2000, max_tokens=2)  # over n_ctx: a 400, not a crash
+
+
+def test_a_crashed_worker_fails_its_request_with_the_signal_and_is_restarted(
+        gguf_path: Path) -> None:  # noqa: F811
+    events: list[Event] = []
+    exe = served(gguf_path, "tiny", events, n_ctx=1024)
+    try:
+        first = exe.worker_pid
+        assert first is not None
+        stream = iter(exe.chat(QUESTION, max_tokens=200, stream=True))
+        next(stream)
+        os.kill(first, signal.SIGSEGV)
+        with pytest.raises(WorkerCrashed, match=rf"pid {first}\) was killed by signal 11 "
+                                                r"\(SIGSEGV: a crash in llama.cpp\)"):
+            list(stream)
+        out = exe.chat(QUESTION, max_tokens=4, temperature=0)  # waits for the restart
+        assert out["usage"]["completion_tokens"] == 4
+        assert exe.worker_pid not in (None, first) and exe.restarts == 1
+        kinds = [k for k, _ in events]
+        assert kinds[:2] == ["backend.fault", "worker.restarted"]
+        fault = events[0][1]
+        assert (fault["model"], fault["pid"], fault["exit"], fault["in_flight"]) == (
+            "tiny", first, -signal.SIGSEGV, 1)
+        assert events[1][1]["previous_pid"] == first
+    finally:
+        exe.close()
+
+
+def test_a_parallel_model_steps_under_the_daemons_step_guard() -> None:
+    # SmolLM2: its greedy tokens are the same batched or alone (the random tiny model's
+    # near-tied logits are not)
+    exe = served(smollm2_gguf(), "par", n_ctx=1024, parallel=2)
+    held = {"steps": 0, "now": 0, "most": 0}
+    lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def guard() -> Iterator[None]:
+        with lock:
+            held["steps"] += 1
+            held["now"] += 1
+            held["most"] = max(held["most"], held["now"])
+        try:
+            yield
+        finally:
+            with lock:
+                held["now"] -= 1
+
+    try:
+        assert exe.max_concurrency == 2
+        alone = exe.chat(QUESTION, temperature=0, max_tokens=6)
+        exe.step_guard = guard
+        outs: list[Any] = [None, None]
+
+        def one(i: int) -> None:
+            outs[i] = exe.chat(QUESTION, temperature=0, max_tokens=6)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [o["choices"] for o in outs] == [alone["choices"]] * 2
+        # every decode step of the worker ran inside the guard, one at a time; the last one's
+        # "done" may arrive just after the answers
+        deadline = time.monotonic() + 30
+        while held["now"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held["steps"] >= 6 and held["most"] == 1 and held["now"] == 0
+    finally:
+        exe.close()
+
+
+# ---- a real daemon over HTTP ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def daemon(module_tmp: Path) -> Iterator[DaemonProcess]:  # noqa: F811
+    models = module_tmp / "models"
+    models.mkdir()
+    shutil.copy(smollm2_gguf(), models / "smol.gguf")
+    d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 1024\n"
+                                 "[dispatch]\nenabled = false\n")
+    yield d
+    assert d.stop() == 0
+
+
+def models_entry(d: DaemonProcess) -> dict[str, Any]:
+    status, body = d.request("GET", "/v1/models")
+    assert status == 200
+    return next(m for m in body["data"] if m["id"] == "smol")  # type: ignore[no-any-return]
+
+
+def chat(d: DaemonProcess, messages: list[dict[str, str]], **params: Any) -> dict[str, Any]:
+    status, body = d.request("POST", "/v1/chat/completions",
+                             {"model": "smol", "messages": messages, "temperature": 0, **params},
+                             timeout=120)
+    assert status == 200, body
+    return body  # type: ignore[no-any-return]
+
+
+def test_killing_the_worker_under_a_streamed_chat_costs_only_that_stream(
+        daemon: DaemonProcess) -> None:
+    assert daemon.proc is not None
+    daemon_pid = daemon.proc.pid
+    chat(daemon, QUESTION, max_tokens=2)  # loaded
+    worker_pid = models_entry(daemon)["worker_pid"]
+    assert isinstance(worker_pid, int) and worker_pid != daemon_pid
+    assert "edgepilot worker llamacpp smol" in cmdline(worker_pid)
+    assert f"PPid:\t{daemon_pid}\n" in Path(f"/proc/{worker_pid}/status").read_text()
+
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "smol", "messages": STORY, "temperature": 0, "max_tokens": 400,
+         "stream": True}), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    events: list[str] = []
+    while len(events) < 3:  # a few tokens are out: the worker is generating
+        line = resp.readline().decode().strip()
+        if line.startswith("data: "):
+            events.append(line[6:])
+    os.kill(worker_pid, signal.SIGKILL)
+    rest = [ln.decode().strip()[6:] for ln in resp.readlines() if ln.startswith(b"data: ")]
+    conn.close()
+    errors = [json.loads(e)["error"] for e in rest if e.startswith('{"error"')]
+    assert len(errors) == 1, rest[-3:]
+    assert errors[0]["code"] == "worker_crashed"
+    assert f"(pid {worker_pid}) was killed by signal 9 (SIGKILL" in errors[0]["message"]
+    assert rest[-1] == "[DONE]" or rest[-1].startswith('{"error"')
+
+    out = chat(daemon, QUESTION, max_tokens=24)
+    assert "Paris" in out["choices"][0]["message"]["content"]
+    assert daemon.proc.poll() is None and daemon.proc.pid == daemon_pid
+    new_pid = models_entry(daemon)["worker_pid"]
+    assert isinstance(new_pid, int) and new_pid != worker_pid
+    assert "edgepilot worker llamacpp smol" in cmdline(new_pid)
+    deadline = time.monotonic() + 10
+    while "event worker.restarted" not in daemon.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = daemon.output()
+    assert "event backend.fault" in log and "event worker.restarted" in log
