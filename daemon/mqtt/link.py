@@ -252,14 +252,14 @@ class MqttLink:
             self._set_barrier(bool(self._pending))
         else:
             self._take_back(back)
-        self._connected = True
         self.connects += 1
         self.last_error = None
-        self._last_logged = None
         log.info("MQTT connected to %s:%d (%d queued, %d in flight%s)", self.cfg.host,
                  self.cfg.port, len(self.outbox), len(self._pending),
                  ", session resumed" if resumed else "")
         self.client.publish(self.topics.status, self._online(), qos=1, retain=True)
+        # only now: "connected" means the retained online status has gone out first
+        self._connected, self._last_logged = True, None
         if self._on_connected is not None:
             try:
                 self._on_connected()
