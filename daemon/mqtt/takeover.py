@@ -11,8 +11,8 @@ connects. Reconnecting at once, as for a lost link, makes both fight over it eve
   broker restarting) breaks the row.
 
 A taken-over link backs off instead: ``reconnect_max_s`` after the first takeover, doubling
-with each one in a row up to :data:`MAX_BACKOFF_S`; a session then held longer than the wait
-before it ends the streak.
+with each one in a row up to :data:`MAX_BACKOFF_S`; a session then held well past the wait
+before it (three times as long) ends the streak.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ class TakeoverGuard:
         another client taking it."""
         held = time.monotonic() - self._up_since if self._up_since is not None else 0.0
         self._up_since = None
-        if held > max(2 * self._last_backoff_s, SHORT_SESSION_S):
-            # held long enough after the last wait: whatever fought over it is gone
+        if held > max(3 * self._last_backoff_s, SHORT_SESSION_S):
+            # held well past the last wait (while two fight, each holds it about as long as
+            # the other waits, at most twice our own wait): whatever fought over it is gone
             self._streak = 0
         detected_by: str | None = None
         if self.v5 and reason_value == SESSION_TAKEN_OVER:
