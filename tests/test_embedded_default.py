@@ -17,7 +17,14 @@ def test_embedded_default_serves_demo_models_without_a_broker(tmp_path: Path) ->
     d = DaemonProcess(tmp_path, f"[mqtt]\nport = {closed}\n").start()
     try:
         body = d.wait_for("/readyz", 200, timeout=120)
-        assert body == {"status": "ready"}
+        assert body["status"] == "ready"
+        deadline = time.monotonic() + 60
+        while body["targets"].get("*") == "probing" and time.monotonic() < deadline:
+            time.sleep(0.2)  # each target's tiny probe runs once, in the background
+            body = d.wait_for("/readyz", 200, timeout=60)
+        # what the embedded default serves with passed its probe
+        assert body["targets"]["onnxruntime/cpu/fp32"] == "PASS"
+        assert body["targets"]["llamacpp/cpu/native"] == "PASS"
         models = {m["id"]: m for m in d.request("GET", "/v1/models")[1]["data"]}
         assert {"demo-chat", "demo-mlp"} <= set(models)
         assert (d.state_dir / "models" / "demo-chat.gguf").stat().st_size > 0

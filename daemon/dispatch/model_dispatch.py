@@ -75,21 +75,14 @@ class ModelDispatch:
                  corpus: CorpusProvider | None = None, shapes: Shapes | None = None,
                  graph_dir: Path | None = None,
                  recent: Callable[[], Sequence[Feed]] | None = None) -> None:
-        self.name = name
+        self.name, self.path, self.backends, self.targets = name, Path(path), backends, targets
         # the input shapes this plan is for (None: the file's own fixed dims)
         self.shapes: Shapes | None = dict(shapes) if shapes is not None else None
-        self.graph_dir = graph_dir
+        self.graph_dir, self.corpus, self.opts, self.cache = graph_dir, corpus, opts, cache
         self.recent = recent or (lambda: ())
         self.samples: Samples | None = None
-        self.corpus = corpus
-        self.path = Path(path)
-        self.backends = backends
-        self.targets = targets
-        self.opts = opts
-        self.cache = cache
         self.key_parts = dict(key_parts or {})
-        self.freqs = dict(freqs or {})
-        self.budgets = dict(budgets or {})
+        self.freqs, self.budgets = dict(freqs or {}), dict(budgets or {})
         self.progress = progress
         self.emit = emit or (lambda kind, **fields: None)
         self.monitor = Monitor(opts.drift_threshold)
@@ -103,12 +96,9 @@ class ModelDispatch:
         self.calibration: list[dict[str, np.ndarray]] = []
         self.ref_outputs: list[dict[str, np.ndarray]] = []
 
-    # ---- planning -----------------------------------------------------------------------------
     def prepare(self, reprofile: bool = False) -> Plan:
         """Partition, profile (or load the cached profile), plan, check and time.
-
-        ``reprofile`` measures again even when the cache holds a profile (and replaces it).
-        """
+        ``reprofile`` measures again even when the cache holds a profile (and replaces it)."""
         with self._lock:
             kind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
             specs = tensor_specs(self.path, kind)[0]
@@ -122,9 +112,9 @@ class ModelDispatch:
             self.samples = samples = pick(
                 specs, self.shapes, rules_for(self.path, kind, specs), self.opts.calibration_inputs,
                 self.name, self.opts.calibration_dir, list(self.recent()))
-            part = partition(self.path, kind, shapes=self.shapes, cache_dir=self.graph_dir,
-                             feed=samples.feeds[0], max_layers=self.opts.max_layers)
-            self.part = part
+            self.part = part = partition(self.path, kind, shapes=self.shapes,
+                                         cache_dir=self.graph_dir, feed=samples.feeds[0],
+                                         max_layers=self.opts.max_layers)
             # keep every target of a backend that takes this kind of model: one that covers
             # only some layers (a delegate) is a planning fact, used for the layers it covers
             self.targets = [t for t in self.targets if t.backend in self.backends
@@ -354,6 +344,26 @@ class ModelDispatch:
             if drifted:
                 self._on_drift(drifted)
 
+    def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+        """Serve one request in this thread, no device queues (the CLI, tests): the same
+        steps the serving layer takes per segment — a failing target is excluded and the
+        request retried, observed times feed the monitor."""
+        if self.current() is None:
+            self.prepare()
+        for _ in range(self.attempts()):
+            current = self.current()
+            assert current is not None
+            compiled, plan = current
+            try:
+                outputs, times = compiled.run(inputs)
+            except SegmentFault as fault:
+                self.fault(fault, plan.hash)
+                continue
+            self.observe(compiled, times)
+            return outputs, plan.hash
+        raise PlanError(f"model {self.name}: every target failed for this request; "
+                        "see the backend.fault events", field="model")
+
     def _exclude(self, target: str, seen_hash: str) -> None:
         with self._lock:
             assert self.builder is not None and self.plan is not None
@@ -383,11 +393,8 @@ class ModelDispatch:
             if self.plan is None:
                 self.prepare()
             assert self.plan is not None and self.builder is not None
-            data = self.plan.as_dict()
-            data["tolerance"] = self.opts.tolerance
-            data["input_shapes"] = {n: list(d) for n, d in (self.shapes or {}).items()}
-            data["inputs_used"] = self.samples.describe() if self.samples else None
-            data["from_cache"] = self.from_cache
-            data["excluded"] = sorted(self.builder.excluded)
-            data["monitor"] = self.monitor.snapshot()
-            return data
+            return {**self.plan.as_dict(), "tolerance": self.opts.tolerance,
+                    "input_shapes": {n: list(d) for n, d in (self.shapes or {}).items()},
+                    "inputs_used": self.samples.describe() if self.samples else None,
+                    "from_cache": self.from_cache, "excluded": sorted(self.builder.excluded),
+                    "monitor": self.monitor.snapshot()}
