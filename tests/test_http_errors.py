@@ -150,6 +150,10 @@ def test_plan_route_needs_the_token_when_one_is_set(daemon: DaemonProcess) -> No
     assert status in (200, 202), raw[:300]
     if status == 202:
         assert json.loads(raw)["state"] == "planning" and headers["retry-after"] == "1"
+    # the plan.get command can start planning too: the same guard
+    err = check_error(*raw_request(daemon, "POST", "/v1/commands/plan.get",
+                                   json.dumps({"model": "mlp"}).encode(),
+                                   {"Content-Type": "application/json"}), 401, "unauthorized")
 
 
 def test_config_reports_the_port_run_chose(daemon: DaemonProcess) -> None:

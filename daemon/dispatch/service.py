@@ -125,7 +125,8 @@ def attach(daemon: Daemon) -> list[Service]:
                                    models=daemon.models, emit=daemon.events.emit,
                                    run_blocking=daemon.run_blocking,
                                    backend_set=daemon.backends)
-    daemon.commands.register("plan.get", PlanParams, _plan_get,
+    # it can start seconds of profiling: guarded like a mutating verb (the token over HTTP)
+    daemon.commands.register("plan.get", PlanParams, _plan_get, mutating=True,
                              summary="Per-layer plan of a model (plans it on first use)")
     daemon.commands.register("plan.replan", ReplanParams, _plan_replan, mutating=True,
                              summary="Replan a model now (optionally re-measuring the board)")
