@@ -34,6 +34,7 @@ from edgepilot.errors import (
     NotFoundError,
     PlanError,
 )
+from edgepilot.formats.file_cache import FileKey, file_key
 from edgepilot.formats.files import ResolvedModel
 from edgepilot.formats.io import tensor_specs
 from edgepilot.formats.tensors import check_inputs
@@ -71,8 +72,9 @@ class Serving:
         self.work = work
         self.dispatcher = dispatcher
         self.executor = executor
-        # (path, mtime, size) -> input specs: reading a file's specs costs ms, a request µs
-        self._specs: dict[tuple[str, float, int], list[TensorSpec]] = {}
+        # file key -> input specs, so a request finds them without a hop off the loop (the
+        # first read of a file's specs costs ms and runs in a worker thread)
+        self._specs: dict[FileKey, list[TensorSpec]] = {}
         self._batchers: dict[str, Batcher] = {}
         # each backend target's probe result (PASS/FAIL/SKIP), for /readyz; filled at start
         self.targets: dict[str, str] = {}
@@ -97,8 +99,7 @@ class Serving:
 
     async def input_specs(self, model: ResolvedModel) -> list[TensorSpec]:
         """The model's declared inputs (cached per file version)."""
-        st = model.path.stat()
-        key = (str(model.path), st.st_mtime, st.st_size)
+        key = file_key(model.path)
         specs = self._specs.get(key)
         if specs is None:
             ins, _ = await self.run_blocking(tensor_specs, model.path, model.kind)
