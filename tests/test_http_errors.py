@@ -162,3 +162,25 @@ def test_config_reports_the_port_run_chose(daemon: DaemonProcess) -> None:
     assert status == 200
     assert body["config"]["http"]["port"] == daemon.port
     assert body["config"]["http"]["token"] == "***"
+
+
+def test_a_generation_body_over_its_own_limit_is_413_before_parsing(tmp_path: Path) -> None:
+    """Chat bodies are parsed by FastAPI on the loop: they are bounded far below the tensor
+    limit (no prompt of megabytes fits a context), so a huge one never stalls the loop."""
+    from edgepilot.http.app import GENERATION_MAX_BODY
+
+    d = DaemonProcess(tmp_path, "[mqtt]\nenabled = false\n[daemon]\ndemo_models = false\n")
+    d.start()
+    try:
+        big = b'{"model": "m", "prompt": "' + b"x" * GENERATION_MAX_BODY + b'"}'
+        err = check_error(*raw_request(d, "POST", "/v1/completions", big,
+                                       {"Content-Type": "application/json"}), 413,
+                          "payload_too_large")
+        assert str(GENERATION_MAX_BODY) in err["message"] and "context" in err["message"]
+        # the same size is fine for tensors (up to [http] max_body_bytes): refused for the
+        # model, not the size
+        status, _, _ = raw_request(d, "POST", "/v1/infer/none", big,
+                                   {"Content-Type": "application/json"})
+        assert status == 404
+    finally:
+        assert d.stop() == 0

@@ -73,6 +73,13 @@ def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
                       headers=dict(exc.headers) if exc.headers else None)
 
 
+# The OpenAI routes' bodies are parsed and validated by FastAPI on the event loop (their
+# schemas document the API); a prompt of 2 MiB is already far past any context, and parsing
+# it stalls the loop for tens of milliseconds at most. Tensor bodies are parsed off the loop.
+GENERATION_MAX_BODY = 2 * 1024 * 1024
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
+
+
 class BodyLimit:
     """Refuse bodies over ``limit`` bytes before they are read into memory (413)."""
 
@@ -80,13 +87,19 @@ class BodyLimit:
         self.app = app
         self.limit = limit
 
+    def _limit_for(self, path: str) -> tuple[int, str]:
+        if path in GENERATION_ROUTES and self.limit > GENERATION_MAX_BODY:
+            return GENERATION_MAX_BODY, "for a generation request (its prompt must fit a context)"
+        return self.limit, "([http] max_body_bytes)"
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, why = self._limit_for(str(scope.get("path", "")))
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, limit, why)
             return
         seen = 0
 
@@ -95,20 +108,20 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge(self.limit)
+                if seen > limit:
+                    raise _TooLarge(limit, why)
             return message
 
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
             # read outside the app's exception handling (e.g. by a middleware): answer here
-            await self._refuse(scope, receive, send)
+            await self._refuse(scope, receive, send, limit, why)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int,
+                      why: str) -> None:
         resp = http_error(413, {"code": "payload_too_large", "field": "body",
-                                "message": f"request body over the {self.limit}-byte limit "
-                                           "([http] max_body_bytes)"})
+                                "message": f"request body over the {limit}-byte limit {why}"})
         await resp(scope, receive, send)
 
 
@@ -119,8 +132,8 @@ class _TooLarge(StarletteHTTPException):
     its own ``400 There was an error parsing the body``; the app's handler answers the 413.
     """
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"request body over the {limit}-byte limit ([http] max_body_bytes)")
+    def __init__(self, limit: int, why: str) -> None:
+        super().__init__(413, f"request body over the {limit}-byte limit {why}")
 
 
 def create_app(daemon: Daemon) -> FastAPI:
