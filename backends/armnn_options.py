@@ -22,3 +22,9 @@ class ArmnnSection(BaseModel):
     preferred: list[ArmnnDevice] = Field(
         default_factory=lambda: list(ARMNN_DEVICES), min_length=1,
         description="Arm NN backend preference order.")
+    isolation: Literal["thread", "process"] = Field(
+        "thread",
+        description="Where compiled models run: 'thread' = inside the daemon; 'process' = in a "
+                    "worker process per model (`edgepilot worker armnn <model>`), tensors passed "
+                    "through shared memory, so a native crash costs only that model's requests "
+                    "and the worker is restarted.")

@@ -13,6 +13,7 @@ from typing import Any
 
 from edgepilot.backends import BACKENDS, load_backend
 from edgepilot.backends.base import Backend, BackendUnavailable
+from edgepilot.backends.tensor_process import IsolatedBackend
 from edgepilot.errors import EdgepilotError
 
 # tensor backends only: llama.cpp plans GGUF models by n_gpu_layers, not per layer
@@ -31,6 +32,13 @@ class BackendSet:
         self._built: dict[str, Backend | None] = {}
         self._errors: dict[str, str] = {}
         self._lock = threading.Lock()
+        # where worker faults and restarts of isolated tensor backends are reported (the
+        # daemon's event bus; set after construction by the serving layer)
+        self.emit: Callable[..., Any] | None = None
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.emit is not None:
+            self.emit(kind, **fields)
 
     def get(self, name: str) -> Backend:
         """Backend ``name``; BackendUnavailable (with the reason) when disabled or missing."""
@@ -39,10 +47,16 @@ class BackendSet:
                 try:
                     if self.enabled is not None and name not in self.enabled:
                         raise BackendUnavailable(f"backend {name!r} is not in [backends] enabled")
-                    backend = load_backend(name, self.options(name))
+                    settings = self.options(name)
+                    backend = load_backend(name, settings)
                     if self.cache_dir is not None and hasattr(backend, "cache_dir"):
                         # quantized variants and cut segments survive restarts in the state dir
                         backend.cache_dir = self.cache_dir / name
+                    if (name in TENSOR_BACKENDS
+                            and getattr(settings, "isolation", "thread") == "process"):
+                        # executables in worker processes: a native crash costs only the
+                        # requests on that model (llama.cpp isolates itself: open_served)
+                        backend = IsolatedBackend(backend, settings, self._emit)
                     self._built[name] = backend
                 except BackendUnavailable as exc:
                     self._built[name] = None
@@ -81,5 +95,6 @@ class BackendSet:
         """New options (a reloaded config): instances are built again on next use."""
         with self._lock:
             self.options, self.enabled = options, enabled
+            # an isolated backend's workers end with their last executable, not here
             self._built.clear()
             self._errors.clear()

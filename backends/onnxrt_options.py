@@ -6,6 +6,8 @@ edgepilot.config composes it into ``[backends]``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -25,3 +27,9 @@ class OnnxRuntimeSection(BaseModel):
         False, description="Let idle intra-op threads spin for work (onnxruntime's default). "
         "Off: a daemon holds many sessions (models, plan segments) next to llama.cpp, and "
         "spinning threads of one steal the cores the next one needs.")
+    isolation: Literal["thread", "process"] = Field(
+        "thread",
+        description="Where compiled models run: 'thread' = inside the daemon; 'process' = in a "
+                    "worker process per model (`edgepilot worker onnxruntime <model>`), tensors "
+                    "passed through shared memory, so a native crash costs only that model's "
+                    "requests and the worker is restarted.")

@@ -7,6 +7,7 @@ edgepilot.config composes it into ``[backends]``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,3 +20,9 @@ class TfliteSection(BaseModel):
     delegates: dict[str, Path] = Field(
         default_factory=dict, description="External delegates by device name -> .so path.")
     threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
+    isolation: Literal["thread", "process"] = Field(
+        "thread",
+        description="Where compiled models run: 'thread' = inside the daemon; 'process' = in a "
+                    "worker process per model (`edgepilot worker tflite <model>`), tensors passed "
+                    "through shared memory, so a native crash costs only that model's requests "
+                    "and the worker is restarted.")

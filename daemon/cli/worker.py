@@ -1,8 +1,9 @@
-"""``edgepilot worker llamacpp <model> --fd N``: a model's worker process, started by the
-daemon (``[backends.llamacpp] isolation = "process"``), not by hand.
+"""``edgepilot worker <backend> <model> --fd N``: a model's worker process, started by the
+daemon (``[backends.<backend>] isolation = "process"``), not by hand.
 
 The model name is on the command line so that ``ps`` shows which worker serves what; what to
-load arrives over the connection on fd ``N`` (see :mod:`edgepilot.backends.llamacpp_worker`).
+load arrives over the connection on fd ``N`` (see :mod:`edgepilot.backends.llamacpp_worker`
+for llama.cpp, :mod:`edgepilot.backends.tensor_worker` for the tensor backends).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from edgepilot.cli.common import setup_logging
 
-BACKENDS = ("llamacpp",)
+BACKENDS = ("llamacpp", "onnxruntime", "tflite", "armnn")
 
 
 def add_parser(sub: Any) -> None:
@@ -27,8 +28,12 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level or "info")
+    if args.backend != "llamacpp":
+        from edgepilot.backends import tensor_worker
+
+        return tensor_worker.main(args.fd, args.backend)
     # imported here: only a worker loads llama-cpp-python this way
     from edgepilot.backends import llamacpp_worker
 
-    setup_logging(args.log_level or "info")
     return llamacpp_worker.main(args.fd)

@@ -1,0 +1,203 @@
+"""One life of a worker process as the daemon sees it, for any runtime: the child, the
+connection, the requests in flight on it, and how it died.
+
+The generic half of :mod:`.llamacpp_process` (which keeps its own class for llama.cpp's step
+guard and streaming; it could adopt this one): the worker is started as
+``python -m edgepilot worker <backend> <model> --fd N`` on one end of a unix socket pair, sent
+``("open", options)`` and answers ``("ready", facts)`` or ``("failed", error)``. Then each
+request is ``(kind, rid, *args)`` and is answered by ``("result", rid, value)`` or
+``("error", rid, error)``; a reader thread routes answers by ``rid``. When the connection
+breaks the process is reaped and every request still in flight gets a
+:class:`~.llamacpp_process.WorkerCrashed` naming how it ended (the signal, or the status).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from edgepilot.backends.llamacpp_process import WorkerCrashed, rebuild_error
+from edgepilot.errors import EdgepilotError
+
+log = logging.getLogger(__name__)
+# how long a worker may take to leave after it is asked to close, before it is killed
+CLOSE_TIMEOUT_S = 10.0
+# what usually sends each signal, for the operator reading the error
+SIGNAL_HINTS = {"SIGSEGV": "a crash in the runtime", "SIGABRT": "the runtime aborted",
+                "SIGKILL": "the kernel's OOM killer or an operator",
+                "SIGBUS": "a crash in the runtime (a model file changed under its mmap?)"}
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """``returncode`` in words: the signal (with what usually sends it) or the exit status."""
+    if returncode is None:
+        return "closed its connection"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = SIGNAL_HINTS.get(name)
+        return f"was killed by signal {-returncode} ({name}{': ' + hint if hint else ''})"
+    return f"exited with status {returncode}"
+
+
+def error_data(exc: BaseException) -> dict[str, Any]:
+    """An exception as plain data for the parent (see ``rebuild_error``): its class name,
+    message and field; anything not raised on purpose is named by its type."""
+    if isinstance(exc, EdgepilotError):
+        return {"type": type(exc).__name__, "message": exc.message, "field": exc.field}
+    return {"type": "BackendError", "message": f"{type(exc).__name__}: {exc}", "field": None}
+
+
+def worker_argv(backend: str, model: str, fd: int) -> list[str]:
+    """The worker's command line: ``... -m edgepilot worker <backend> <model> --fd N``."""
+    level = logging.getLevelName(logging.getLogger("edgepilot").getEffectiveLevel()).lower()
+    argv = [sys.executable, "-m", "edgepilot", "worker", backend, model, "--fd", str(fd)]
+    if level in ("debug", "info", "warning", "error"):
+        argv += ["--log-level", level]
+    return argv
+
+
+class WorkerLink:
+    """A started worker that answered ``ready`` (the constructor waits), or an error.
+
+    ``on_death(link)`` is called on the reader thread when the worker dies unasked (not after
+    :meth:`close`)."""
+
+    def __init__(self, backend: str, model: str, options: dict[str, Any],
+                 on_death: Callable[[WorkerLink], None]) -> None:
+        self.backend, self.model = backend, model
+        self._on_death = on_death
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.pending: dict[int, queue.SimpleQueue[tuple[Any, ...]]] = {}
+        self.fault: WorkerCrashed | None = None
+        self.returncode: int | None = None
+        self.in_flight_lost = 0
+        self.closing = False
+        self.started = time.monotonic()
+        self.dead = threading.Event()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = subprocess.Popen(worker_argv(backend, model, theirs.fileno()),
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+        self.conn = Connection(ours.detach())
+        try:
+            self.conn.send(("open", options))
+            reply = self.conn.recv()
+        except (EOFError, OSError):
+            rc = self._reap()
+            raise WorkerCrashed(f"the {backend} worker for {model!r} (pid {self.pid}) "
+                                f"{how_it_ended(rc)} while starting; see the log above",
+                                field="model") from None
+        if reply[0] != "ready":
+            self._reap()
+            raise rebuild_error(reply[1])
+        self.facts: dict[str, Any] = reply[1]
+        threading.Thread(target=self._read, name=f"{backend}-worker-{self.pid}",
+                         daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self.fault is None
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        """Send one message; a worker already gone is a :class:`WorkerCrashed`."""
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+        except (OSError, ValueError):
+            self.dead.wait(CLOSE_TIMEOUT_S)  # the reader names the fault
+            raise self.fault or WorkerCrashed(
+                f"the {self.backend} worker for {self.model!r} (pid {self.pid}) is gone",
+                field="model") from None
+
+    def call(self, kind: str, *args: Any) -> Any:
+        """Send ``(kind, rid, *args)`` and wait: the worker's value, or its error raised here
+        (a :class:`WorkerCrashed` when the worker dies first)."""
+        answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        with self._lock:
+            if self.fault is not None:
+                raise self.fault
+            rid = next(self._ids)
+            self.pending[rid] = answers
+        try:
+            self.send((kind, rid, *args))
+            msg = answers.get()
+        finally:
+            with self._lock:
+                self.pending.pop(rid, None)
+        if msg[0] == "result":
+            return msg[1]
+        raise msg[1]
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # a message we cannot read: the worker is no longer trusted
+                log.exception("unreadable message from %s worker %d", self.backend, self.pid)
+                self.proc.kill()
+                break
+            with self._lock:
+                answers = self.pending.get(msg[1])
+            if answers is None:
+                continue
+            if msg[0] == "error":
+                answers.put(("error", rebuild_error(msg[2])))
+            else:
+                answers.put(("result", msg[2]))
+        rc = self._reap()
+        self.returncode = rc
+        self.fault = WorkerCrashed(
+            f"the {self.backend} worker for model {self.model!r} (pid {self.pid}) "
+            f"{how_it_ended(rc)}; the request on it is lost and the worker is restarted on the "
+            "next request — retry (the daemon log holds the worker's last words)",
+            field="model")
+        with self._lock:
+            lost = list(self.pending.values())
+            self.pending.clear()
+        for answers in lost:
+            answers.put(("error", self.fault))
+        self.dead.set()
+        if not self.closing:
+            self.in_flight_lost = len(lost)
+            self._on_death(self)
+
+    def _reap(self) -> int | None:
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        try:
+            return self.proc.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # the connection broke but it lives: end it
+            self.proc.kill()
+            return self.proc.wait()
+
+    def close(self) -> None:
+        """Ask the worker to leave; killed if it does not in time."""
+        self.closing = True
+        with contextlib.suppress(WorkerCrashed):
+            self.send(("close",))
+        if not self.dead.wait(CLOSE_TIMEOUT_S):
+            log.warning("%s worker %d did not leave in %.0f s; killing it", self.backend,
+                        self.pid, CLOSE_TIMEOUT_S)
+            self.proc.kill()
+            self.dead.wait(CLOSE_TIMEOUT_S)
