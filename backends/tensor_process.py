@@ -91,6 +91,12 @@ class ModelWorker:
         link = self._link
         return link.pid if link is not None and link.alive else None
 
+    @property
+    def in_flight(self) -> int:
+        """Requests sent to the live worker and not answered yet."""
+        link = self._link
+        return len(link.pending) if link is not None else 0
+
     def _backoff(self) -> float:
         return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** max(0, self._failures - 1))
 

@@ -187,6 +187,8 @@ def attach(daemon: Daemon) -> list[Service]:
     cfg = daemon.config
     daemon.devices = DeviceQueues(cfg.http.max_queue)
     daemon.backends = BackendSet(_options(cfg), cfg.backends.enabled, cfg.state_dir / "cache")
+    # faults and restarts of tensor workers ([backends.<name>] isolation = "process")
+    daemon.backends.emit = daemon.events.emit
     registry = ModelRegistry(cfg, backends=daemon.backends, devices=daemon.devices,
                              emit=daemon.events.emit, run_blocking=daemon.run_blocking,
                              loop=daemon.running_loop)
