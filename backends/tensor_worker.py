@@ -27,7 +27,6 @@ import os
 import signal
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -44,17 +43,14 @@ from edgepilot.errors import BackendError
 log = logging.getLogger(__name__)
 SECTIONS: dict[str, type[Any]] = {"onnxruntime": OnnxRuntimeSection, "tflite": TfliteSection,
                                   "armnn": ArmnnSection}
-# runs of different executables (segments of one plan on two devices) may overlap
-RUN_THREADS = 4
 
 
 class Compiled:
-    """One executable in the worker with its input attachment and output block."""
+    """One executable in the worker with its output block."""
 
     def __init__(self, exe: Executable) -> None:
         self.exe = exe
         self.out = OwnedBlock()
-        self.lock = threading.Lock()
 
 
 class TensorWorker:
@@ -67,7 +63,6 @@ class TensorWorker:
         self.send_lock = threading.Lock()
         self.compiled: dict[int, Compiled] = {}
         self.inputs = AttachedBlocks()
-        self.pool = ThreadPoolExecutor(RUN_THREADS, thread_name_prefix="run")
 
     def send(self, msg: tuple[Any, ...]) -> None:
         with self.send_lock:
@@ -95,12 +90,11 @@ class TensorWorker:
         entry = self.compiled.get(xid)
         if entry is None:
             raise BackendError(f"executable {xid} is not compiled in this worker")
-        with entry.lock:
-            # views into the daemon's block: the runtime reads its inputs in place
-            inputs = self.inputs.read(layout, str(xid), copy=False)
-            outputs = entry.exe.run(inputs)
-            del inputs
-            return entry.out.write(outputs)
+        # views into the daemon's block: the runtime reads its inputs in place
+        inputs = self.inputs.read(layout, str(xid), copy=False)
+        outputs = entry.exe.run(inputs)
+        del inputs
+        return entry.out.write(outputs)
 
     def _release(self, entry: Compiled) -> None:
         entry.exe.close()
@@ -143,11 +137,12 @@ class TensorWorker:
                     return 1
             elif kind == "close":
                 break
-            elif kind == "run":
-                self.pool.submit(self.handle, kind, msg[1], msg[2:])
-            else:  # compile and release in order with the runs sent after them
-                self.pool.submit(self.handle, kind, msg[1], msg[2:]).result()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+            else:
+                # in this thread, one request at a time: handing each run to another thread
+                # costs more than the run of a small model (~200 us per call on a loaded
+                # 2-core board); the daemon holds one device per request anyway, and a model's
+                # executables on two devices of one runtime then take turns here
+                self.handle(kind, msg[1], msg[2:])
         for xid in list(self.compiled):
             self.release(xid)
         return 0
