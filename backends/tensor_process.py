@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
+# how long a worker outlives its last executable: the profiler compiles, times and closes one
+# cell after another, and a new worker for each would cost its start (~1.5 s) every time
+LINGER_S = 30.0
 Emit = Callable[..., Any]
 
 
@@ -52,10 +55,12 @@ class ModelWorker:
     """The worker process of one (backend, model) and the executables compiled in it."""
 
     def __init__(self, backend: str, model: str, options: dict[str, Any],
-                 emit: Emit | None) -> None:
+                 emit: Emit | None, linger_s: float = LINGER_S) -> None:
         self.backend, self.model = backend, model
         self._options = options
         self._emit = emit
+        self.linger_s = linger_s
+        self._retire: threading.Timer | None = None
         self._lock = threading.Lock()
         self._link: WorkerLink | None = None
         self.generation = 0          # bumped per started worker: executables compile again
@@ -127,6 +132,9 @@ class ModelWorker:
         exe = WorkerExecutable(self, next(self._ids), segment, target)
         with self._lock:
             self.executables[exe.xid] = exe
+            if self._retire is not None:
+                self._retire.cancel()
+                self._retire = None
         try:
             exe.ensure()
         except BaseException:
@@ -135,25 +143,35 @@ class ModelWorker:
         return exe
 
     def release(self, exe: WorkerExecutable) -> None:
-        """Forget ``exe`` in the worker; the worker leaves with its last executable."""
+        """Forget ``exe`` in the worker; the worker leaves ``linger_s`` after its last
+        executable unless another is compiled meanwhile."""
         with self._lock:
             self.executables.pop(exe.xid, None)
             link = self._link
-            last = not self.executables
-            if last:
+            if not self.executables and link is not None and self._retire is None:
+                self._retire = threading.Timer(self.linger_s, self._leave_if_unused, (link,))
+                self._retire.daemon = True
+                self._retire.start()
+        if link is not None and link.alive:
+            with contextlib.suppress(WorkerCrashed):  # gone meanwhile: nothing to release
+                link.call("release", exe.xid)
+
+    def _leave_if_unused(self, link: WorkerLink) -> None:
+        with self._lock:
+            self._retire = None
+            unused = not self.executables and self._link is link
+            if unused:
                 self._link = None
-        if link is None or not link.alive:
-            return
-        if last:
+        if unused:
             link.close()
-            return
-        with contextlib.suppress(WorkerCrashed):  # gone meanwhile: nothing left to release
-            link.call("release", exe.xid)
 
     def close(self) -> None:
         with self._lock:
             link, self._link = self._link, None
             self.executables.clear()
+            if self._retire is not None:
+                self._retire.cancel()
+                self._retire = None
         if link is not None and link.alive:
             link.close()
 
@@ -199,6 +217,8 @@ class WorkerExecutable(Executable):
                 raise WorkerCrashed(f"executable for model {self.worker.model!r} on "
                                     f"{self.target} was closed", field="model")
             link = self.ensure()
+            if self.inputs:  # only this segment's inputs cross (a plan passes every tensor)
+                inputs = {s.name: inputs[s.name] for s in self.inputs if s.name in inputs}
             layout = self._in.write(inputs)
             answer = link.call("run", self.xid, layout)
             return self._out.read(answer, "out", copy=True)
@@ -226,11 +246,13 @@ class IsolatedBackend(Backend):
     """``inner`` with its executables in worker processes, one per model (see the module
     docstring). Everything but :meth:`compile` is the inner backend's, in the daemon."""
 
-    def __init__(self, inner: Backend, settings: Any, emit: Emit | None = None) -> None:
+    def __init__(self, inner: Backend, settings: Any, emit: Emit | None = None,
+                 linger_s: float = LINGER_S) -> None:
         self.inner = inner
         self.name = inner.name
         self.settings = settings
         self.emit = emit
+        self.linger_s = linger_s
         self._lock = threading.Lock()
         self._workers: dict[str, ModelWorker] = {}
 
@@ -260,7 +282,7 @@ class IsolatedBackend(Backend):
             worker = self._workers.get(model)
             if worker is None:
                 worker = self._workers[model] = ModelWorker(
-                    self.name, model, self._options(), self._emit)
+                    self.name, model, self._options(), self._emit, self.linger_s)
             return worker
 
     def _emit(self, kind: str, **fields: Any) -> None:

@@ -93,12 +93,14 @@ def served(request: pytest.FixtureRequest, models: dict[str, Segment]
     name = request.param
     segment = models[name]
     events: Events = []
-    exe = isolated(name, events).compile(segment, cpu(segment))
+    backend = isolated(name, events)
+    exe = backend.compile(segment, cpu(segment))
     assert isinstance(exe, WorkerExecutable)
     ref = backends(name, "thread").compile(segment, cpu(segment))
     yield exe, ref, segment, events
     exe.close()
     ref.close()
+    backend.close()
 
 
 def cmdline(pid: int) -> str:
@@ -128,23 +130,46 @@ def test_the_worker_command_line_names_backend_and_model(
     assert psutil.Process(pid).ppid() == os.getpid()
 
 
-def test_segments_of_one_model_share_its_worker(models: dict[str, Segment]) -> None:
+def test_segments_of_one_model_share_its_worker_which_outlives_its_last_one_a_while(
+        models: dict[str, Segment]) -> None:
     seg = models["onnxruntime"]
     backend = isolated("onnxruntime", [])
+
+    def compile_part(name: str) -> WorkerExecutable:
+        exe = backend.compile(Segment(seg.model_path, "onnx", ("x",), ("y",), None, name),
+                              cpu(seg))
+        assert isinstance(exe, WorkerExecutable)
+        return exe
+
     # plan segments are named '<file stem>[start:end]': one worker per (backend, model)
-    a = backend.compile(Segment(seg.model_path, "onnx", ("x",), ("y",), None, "mlp[0:1]"),
-                        cpu(seg))
-    b = backend.compile(Segment(seg.model_path, "onnx", ("x",), ("y",), None, "mlp[1:3]"),
-                        cpu(seg))
-    assert isinstance(a, WorkerExecutable) and isinstance(b, WorkerExecutable)
+    a, b = compile_part("mlp[0:1]"), compile_part("mlp[1:3]")
     pid = a.worker_pid
     assert pid is not None and pid == b.worker_pid and "worker onnxruntime mlp " in cmdline(pid)
     x = feeds(seg)
-    np.testing.assert_array_equal(a.run(x)["y"], b.run(x)["y"])
+    # a plan passes every tensor so far; only the segment's own inputs cross
+    np.testing.assert_array_equal(a.run(x)["y"], b.run({**x, "unused": np.ones(3)})["y"])
     a.close()
     assert b.worker_pid == pid and b.run(x)["y"].shape == (2, 64)  # b keeps the worker
-    b.close()  # the last executable: the worker leaves
-    assert not psutil.pid_exists(pid)  # close() waited for it to leave
+    b.close()
+    # the profiler compiles, times and closes cell after cell: the worker waits for the next
+    c = compile_part("mlp[0:3]")
+    assert c.worker_pid == pid
+    c.close()
+    backend.close()  # the backend's end is every worker's
+    assert not psutil.pid_exists(pid)
+
+
+def test_an_unused_worker_leaves_after_lingering(models: dict[str, Segment]) -> None:
+    seg = models["tflite"]
+    backend = IsolatedBackend(TfliteBackend(TfliteSection()), TfliteSection(isolation="process"),
+                              linger_s=0.2)
+    exe = backend.compile(seg, cpu(seg))
+    assert isinstance(exe, WorkerExecutable)
+    pid = exe.worker_pid
+    assert pid is not None
+    exe.close()
+    wait_until(lambda: not psutil.pid_exists(pid), "the unused worker left")
+    assert backend.worker("demo-tfl").pid is None
 
 
 def test_kill_9_during_a_request_fails_only_that_request_and_the_next_gets_a_new_worker(
@@ -186,7 +211,8 @@ def test_kill_9_between_requests_costs_no_request_and_the_backoff_grows(
         models: dict[str, Segment]) -> None:
     segment = models["onnxruntime"]
     events: Events = []
-    exe = isolated("onnxruntime", events).compile(segment, cpu(segment))
+    backend = isolated("onnxruntime", events)
+    exe = backend.compile(segment, cpu(segment))
     assert isinstance(exe, WorkerExecutable)
     x = feeds(segment)
     want = exe.run(x)["y"]
@@ -206,6 +232,7 @@ def test_kill_9_between_requests_costs_no_request_and_the_backoff_grows(
         assert exe.worker_pid not in (None, *pids)
     finally:
         exe.close()
+        backend.close()
 
 
 # ---- a real daemon over HTTP ------------------------------------------------------------------
