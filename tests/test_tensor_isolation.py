@@ -28,6 +28,8 @@ from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
 from edgepilot.backends.tensor_process import IsolatedBackend, WorkerExecutable
 from edgepilot.backends.tflite import TfliteBackend
 from edgepilot.backends.tflite_options import TfliteSection
+from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import BackendError
 from edgepilot.formats import onnx_gen, tflite_graph
 from edgepilot.formats.tflite_gen import write_mlp_tflite
@@ -311,3 +313,58 @@ def test_killing_the_worker_leaves_the_daemon_serving(daemon: DaemonProcess,
     assert worker_pid(daemon) not in (None, pid, new)
     log = daemon.output()
     assert f"worker for model mlp (pid {new}) was killed by signal 9 (SIGKILL" in log
+
+
+# ---- plan segments through the dispatcher -----------------------------------------------------
+def test_a_planned_model_in_a_worker_survives_its_kill(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.onnx"
+    onnx_gen.mlp_stack(path, widths=(64, 256, 256, 64), batch=4)
+    worker_events: Events = []
+    section = OnnxRuntimeSection(isolation="process")
+    bset = BackendSet(lambda n: section, ["onnxruntime"], tmp_path / "cache")
+    bset.emit = lambda kind, **fields: worker_events.append((kind, fields))
+    backend = bset.get("onnxruntime")
+    assert isinstance(backend, IsolatedBackend)
+    plan_events: list[dict[str, Any]] = []
+    targets = [Target("onnxruntime", "cpu", "fp32"), Target("onnxruntime", "cpu", "int8")]
+    md = ModelDispatch("mlp", path, {"onnxruntime": backend}, targets,
+                       DispatchOptions(tolerance=0.1, runs=3, warmup=1, passes=1),
+                       emit=lambda kind, **f: plan_events.append({"type": kind, **f}))
+    try:
+        md.prepare()  # profiled and compiled in the worker of (onnxruntime, mlp)
+        assert md.compiled is not None
+        exes = [seg.exe for seg in md.compiled.segments]
+        assert all(isinstance(e, WorkerExecutable) for e in exes)
+        pid = backend.worker("mlp").pid
+        assert pid is not None and "edgepilot worker onnxruntime mlp --fd" in cmdline(pid)
+        feed = md.calibration[0]
+        before, _ = md.run(feed)
+        assert output_error(before, md.ref_outputs[0]) < 0.1
+
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: backend.worker("mlp").pid is None, "the worker was seen dead")
+        after, _ = md.run(feed)  # answered: on the restarted worker
+        assert output_error(after, md.ref_outputs[0]) < 0.1
+        assert backend.worker("mlp").pid not in (None, pid)
+        fault = next(f for k, f in worker_events if k == "backend.fault")
+        assert fault["pid"] == pid and "SIGKILL" in fault["message"]
+        assert fault["target"] in {str(t) for t in targets}
+        assert not [e for e in plan_events if e["type"] == "backend.fault"]  # nothing was lost
+
+        # killed under a request: that segment's target is left out, the plan is made again
+        # and the request retried on it — the caller gets its answer
+        pid = backend.worker("mlp").pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        answer: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: answer.update(out=md.run(feed)[0]))
+        thread.start()
+        wait_until(lambda: backend.worker("mlp").in_flight, "a segment was sent to the worker")
+        os.kill(pid, signal.SIGKILL)
+        thread.join(WAIT_S)
+        assert output_error(answer["out"], md.ref_outputs[0]) < 0.1
+        faulted = [e for e in plan_events if e["type"] == "backend.fault"]
+        assert len(faulted) == 1 and "SIGKILL" in faulted[0]["message"]
+        assert md.explain()["excluded"] == [faulted[0]["target"]]
+    finally:
+        backend.close()
