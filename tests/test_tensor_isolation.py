@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -207,6 +208,42 @@ def test_kill_9_during_a_request_fails_only_that_request_and_the_next_gets_a_new
     assert exe.worker_pid not in (None, pid)
     restarted = next(f for k, f in events if k == "worker.restarted")
     assert restarted["previous_pid"] == pid and restarted["pid"] == exe.worker_pid
+
+
+@pytest.mark.parametrize(("sig", "named"), [
+    (signal.SIGSEGV, "SIGSEGV: a crash in the runtime"),
+    (signal.SIGABRT, "SIGABRT: the runtime aborted")])
+def test_a_native_crash_under_a_request_is_named(models: dict[str, Segment], sig: int,
+                                                 named: str) -> None:
+    # no core file from the crash below (the worker inherits this limit)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    segment = models["onnxruntime"]
+    backend = isolated("onnxruntime", [])
+    exe = backend.compile(segment, cpu(segment))
+    assert isinstance(exe, WorkerExecutable)
+    try:
+        pid = exe.worker_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        outcome: dict[str, Any] = {}
+
+        def request() -> None:
+            try:
+                exe.run(feeds(segment))
+            except BackendError as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        wait_until(lambda: exe.worker.in_flight, "the request was sent to the worker")
+        os.kill(pid, sig)  # delivered as the worker resumes, before it reads the request
+        os.kill(pid, signal.SIGCONT)
+        thread.join(WAIT_S)
+        assert named in outcome["error"].message
+        assert exe.run(feeds(segment))["y"].shape == (2, 64)  # and the next one is served
+    finally:
+        exe.close()
+        backend.close()
 
 
 def test_kill_9_between_requests_costs_no_request_and_the_backoff_grows(
