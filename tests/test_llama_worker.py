@@ -276,3 +276,30 @@ def test_killing_the_worker_under_a_streamed_chat_costs_only_that_stream(
         time.sleep(0.1)
     log = daemon.output()
     assert "event backend.fault" in log and "event worker.restarted" in log
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_no_worker_outlives_a_killed_daemon(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
+    (tmp_path / "models").mkdir()
+    shutil.copy(gguf_path, tmp_path / "models" / "tiny.gguf")
+    d = start_daemon(tmp_path, "[dispatch]\nenabled = false\n")
+    try:
+        chat_body = {"model": "tiny", "messages": QUESTION, "max_tokens": 2}
+        assert d.request("POST", "/v1/chat/completions", chat_body, timeout=120)[0] == 200
+        body = d.request("GET", "/v1/models")[1]
+        worker_pid = next(m for m in body["data"] if m["id"] == "tiny")["worker_pid"]
+        assert "edgepilot worker llamacpp tiny" in cmdline(worker_pid)
+    finally:
+        d.stop(signal.SIGKILL)
+    # the kernel closed the daemon's end of the socket: the worker sees EOF and leaves
+    deadline = time.monotonic() + 30
+    while running(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(worker_pid)
