@@ -303,3 +303,40 @@ def test_no_worker_outlives_a_killed_daemon(tmp_path: Path, gguf_path: Path) -> 
     while running(worker_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(worker_pid)
+
+
+def test_the_gguf_plan_governs_the_worker(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
+    import asyncio
+
+    from edgepilot.config import parse_config
+    from edgepilot.dispatch.gguf_dispatch import GgufDispatch
+    from edgepilot.dispatch.gguf_live import MIN_TOKENS
+    from edgepilot.dispatch.service import attach as attach_dispatch
+    from edgepilot.lifecycle import Daemon
+    from edgepilot.serving.service import attach as attach_models
+
+    (tmp_path / "models").mkdir()
+    shutil.copy(gguf_path, tmp_path / "models" / "chat.gguf")
+    d = Daemon(parse_config({
+        "daemon": {"state_dir": str(tmp_path / "state"), "model_dir": str(tmp_path / "models"),
+                   "demo_models": False},
+        "mqtt": {"enabled": False}, "backends": {"llamacpp": {"n_ctx": 512}},
+        "dispatch": {"gguf_prompt_tokens": 8, "gguf_decode_tokens": 4, "gguf_threads": [1]}}))
+    attach_models(d)
+    attach_dispatch(d)
+    d.models.dispatcher = d.serving.dispatcher = d.dispatcher  # as attach_capabilities
+    assert d.dispatcher.plan_for("chat")["n_threads"] == 1  # measured in this process
+    lm = asyncio.run(d.models.load("chat"))
+    exe = lm.executable
+    try:
+        assert isinstance(exe, LlamaWorkerExecutable) and exe.worker_pid != os.getpid()
+        assert exe.n_threads == 1  # the plan's thread count, applied in the worker
+        gd = d.dispatcher.get("chat")
+        assert isinstance(gd, GgufDispatch) and exe.governor is gd
+        before = gd.live.counts.get(1, 0)
+        out = exe.chat(QUESTION, max_tokens=64, temperature=0)
+        # the live check counts requests that decoded at least MIN_TOKENS after the first
+        assert out["usage"]["completion_tokens"] > MIN_TOKENS
+        assert gd.live.counts.get(1, 0) == before + 1  # the worker's decode speed came back
+    finally:
+        asyncio.run(d.models.close())
