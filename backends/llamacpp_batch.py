@@ -113,6 +113,9 @@ class BatchEngine:
             from llama_cpp import _internals
             params = llm.context_params
             params.n_seq_max = n_seq
+            # llama.cpp runs any batch of more than one token with n_threads_batch, and a step
+            # of several sequences is one: the thread count chosen for decode must apply to it
+            params.n_threads_batch = params.n_threads
             if hasattr(params, "kv_unified"):
                 # one KV stream per sequence: attention reads only the sequence's own cells
                 params.kv_unified = False
