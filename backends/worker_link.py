@@ -167,20 +167,24 @@ class WorkerLink:
                 answers.put(("result", msg[2]))
         rc = self._reap()
         self.returncode = rc
-        self.fault = WorkerCrashed(
+        fault = WorkerCrashed(
             f"the {self.backend} worker for model {self.model!r} (pid {self.pid}) "
             f"{how_it_ended(rc)}; the request on it is lost and the worker is restarted on the "
             "next request — retry (the daemon log holds the worker's last words)",
             field="model")
         with self._lock:
+            self.fault = fault
             lost = list(self.pending.values())
             self.pending.clear()
-        for answers in lost:
-            answers.put(("error", self.fault))
-        self.dead.set()
-        if not self.closing:
-            self.in_flight_lost = len(lost)
-            self._on_death(self)
+        self.in_flight_lost = len(lost)
+        try:
+            if not self.closing:
+                # before the requests hear of it: whoever they tell finds the fault reported
+                self._on_death(self)
+        finally:
+            for answers in lost:
+                answers.put(("error", fault))
+            self.dead.set()
 
     def _reap(self) -> int | None:
         with contextlib.suppress(OSError):
