@@ -30,6 +30,8 @@ from edgepilot.errors import BackendError
 log = logging.getLogger(__name__)
 # how long a worker may take to leave after it is asked to close, before it is killed
 CLOSE_TIMEOUT_S = 10.0
+# how long loading may take (a model on a slow SD card, a big GPU offload) before it is killed
+LOAD_TIMEOUT_S = 600.0
 StepGuard = Callable[[], AbstractContextManager[None]]
 
 
@@ -105,6 +107,10 @@ class WorkerProcess:
         self.conn = Connection(ours.detach())
         try:
             self.conn.send(("open", options))
+            if not self.conn.poll(LOAD_TIMEOUT_S):
+                log.error("llama.cpp worker %d did not load %s in %.0f s; killing it",
+                          self.pid, model, LOAD_TIMEOUT_S)
+                self.proc.kill()
             reply = self.conn.recv()
         except (EOFError, OSError):
             rc = self._reap()

@@ -39,11 +39,51 @@ CANCEL_POLL_S = 0.05
 Emit = Callable[..., Any]
 
 
+class Call:
+    """One call in flight in the worker: its answers, and its cancel event forwarded once."""
+
+    def __init__(self, worker: WorkerProcess, method: str, kwargs: dict[str, Any],
+                 cancel: threading.Event | None) -> None:
+        self.worker = worker
+        self.cancel = cancel
+        self.cancelled = False
+        self.rid, self.answers = worker.request(method, kwargs)
+
+    def next(self) -> tuple[Any, ...]:
+        """The next message for this call; a set cancel event is sent on first sight (looked at
+        before each message and every CANCEL_POLL_S while none comes)."""
+        while True:
+            if self.cancel is not None and not self.cancelled and self.cancel.is_set():
+                self.send_cancel()
+            if self.cancel is None or self.cancelled:
+                return self.answers.get()
+            try:
+                return self.answers.get(timeout=CANCEL_POLL_S)
+            except queue.Empty:
+                continue
+
+    def send_cancel(self) -> None:
+        self.cancelled = True
+        # a worker gone meanwhile: the reader answers the call with the fault
+        with contextlib.suppress(WorkerCrashed):
+            self.worker.send(("cancel", self.rid))
+
+    def abandon(self) -> None:
+        """The caller leaves before the end: stop the call in the worker and wait until it
+        has (the caller's device is free only once the worker is)."""
+        if not self.cancelled:
+            self.send_cancel()
+        while self.answers.get()[0] == "chunk":
+            pass
+
+    def done(self) -> None:
+        self.worker.forget(self.rid)
+
+
 class WorkerTokenStream:
     """Chunks of one streamed generation in the worker; :attr:`usage` once exhausted.
 
-    The request is sent when iteration starts; leaving early cancels it in the worker and waits
-    for the worker to finish it (so the caller's device is free only once the worker is)."""
+    The request is sent when iteration starts; leaving early cancels it in the worker."""
 
     def __init__(self, exe: LlamaWorkerExecutable, method: str, kwargs: dict[str, Any],
                  cancel: threading.Event | None) -> None:
@@ -54,12 +94,11 @@ class WorkerTokenStream:
         self.usage: dict[str, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        worker = self._exe.worker()
-        rid, answers = worker.request(self._method, self._kwargs)
+        call = Call(self._exe.worker(), self._method, self._kwargs, self._cancel)
         finished = False
         try:
             while True:
-                msg = next_answer(worker, rid, answers, self._cancel)
+                msg = call.next()
                 if msg[0] == "chunk":
                     yield msg[1]
                     continue
@@ -71,35 +110,8 @@ class WorkerTokenStream:
                 return
         finally:
             if not finished:
-                cancel_and_drain(worker, rid, answers)
-            worker.forget(rid)
-
-
-def next_answer(worker: WorkerProcess, rid: int, answers: queue.SimpleQueue[tuple[Any, ...]],
-                cancel: threading.Event | None) -> tuple[Any, ...]:
-    """The next message for request ``rid``; a set ``cancel`` is forwarded once."""
-    forwarded = False
-    while True:
-        if cancel is None or forwarded:
-            return answers.get()
-        try:
-            return answers.get(timeout=CANCEL_POLL_S)
-        except queue.Empty:
-            if cancel.is_set():
-                forwarded = True
-                # a worker gone meanwhile: the reader answers the request with the fault
-                with contextlib.suppress(WorkerCrashed):
-                    worker.send(("cancel", rid))
-
-
-def cancel_and_drain(worker: WorkerProcess, rid: int,
-                     answers: queue.SimpleQueue[tuple[Any, ...]]) -> None:
-    try:
-        worker.send(("cancel", rid))
-    except WorkerCrashed:
-        return
-    while answers.get()[0] == "chunk":
-        pass
+                call.abandon()
+            call.done()
 
 
 class LlamaWorkerExecutable(Executable):
@@ -150,6 +162,8 @@ class LlamaWorkerExecutable(Executable):
                 raise WorkerCrashed(f"model {self.model!r} was unloaded", field="model")
             old = self._worker
             time.sleep(max(0.0, self._next_start - time.monotonic()))
+            if self._closed:  # unloaded during the backoff
+                raise WorkerCrashed(f"model {self.model!r} was unloaded", field="model")
             try:
                 self._worker = self._start()
             except Exception:
@@ -180,7 +194,8 @@ class LlamaWorkerExecutable(Executable):
             if not self._closed:
                 self.worker()
         except Exception as exc:  # the next request tries again, and reports
-            self._event("worker.restart_failed", message=str(exc))
+            if not self._closed:
+                self._event("worker.restart_failed", message=str(exc))
 
     def _event(self, kind: str, **fields: Any) -> None:
         if self._emit is not None:
@@ -226,12 +241,11 @@ class LlamaWorkerExecutable(Executable):
             kwargs["threads"] = self.governor.threads_for_request()
         if params.get("stream"):
             return WorkerTokenStream(self, method, kwargs, cancel)
-        worker = self.worker()
-        rid, answers = worker.request(method, kwargs)
+        call = Call(self.worker(), method, kwargs, cancel)
         try:
-            msg = next_answer(worker, rid, answers, cancel)
+            msg = call.next()
         finally:
-            worker.forget(rid)
+            call.done()
         if msg[0] == "error":
             raise msg[1]
         self.observed(msg[2])
@@ -262,6 +276,6 @@ class LlamaWorkerExecutable(Executable):
         self.n_threads = int(self.worker().call("set_threads", n_threads=n_threads))
 
     def close(self) -> None:
+        self._closed = True  # a restart waiting out its backoff gives up
         with self._start_lock:
-            self._closed = True
             self._worker.close()
