@@ -416,3 +416,30 @@ def test_a_planned_model_in_a_worker_survives_its_kill(tmp_path: Path) -> None:
         assert md.explain()["excluded"] == [faulted[0]["target"]]
     finally:
         backend.close()
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_no_tensor_worker_outlives_a_killed_daemon(tmp_path: Path,
+                                                   models: dict[str, Segment]) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copy(models["tflite"].model_path, tmp_path / "models" / "tfl.tflite")
+    d = start_daemon(tmp_path, '[backends.tflite]\nisolation = "process"\n'
+                               "[dispatch]\nenabled = false\n")
+    try:
+        x = np.zeros((2, 32), np.float32)
+        status, body = d.request("POST", "/v1/infer/tfl", {"inputs": {"input": {
+            "data": x.ravel().tolist(), "dtype": "float32", "shape": [2, 32]}}})
+        assert status == 200, body
+        body = d.request("GET", "/v1/models")[1]
+        pid = next(m for m in body["data"] if m["id"] == "tfl")["worker_pid"]
+        assert "edgepilot worker tflite tfl --fd" in cmdline(pid)
+    finally:
+        d.stop(signal.SIGKILL)
+    # the kernel closed the daemon's end of the socket: the worker sees EOF and leaves
+    wait_until(lambda: gone(pid), "the worker left with its daemon")
