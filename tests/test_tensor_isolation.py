@@ -1,32 +1,35 @@
 """Tensor backends in worker processes (``[backends.<name>] isolation = "process"``): real
-onnxruntime and the TFLite interpreter on generated models, real worker processes killed with
-real signals, and a real daemon over HTTP."""
+onnxruntime, TFLite interpreter and Arm NN on generated models, real worker processes killed
+with real signals, and a planned model through the dispatcher."""
 
 from __future__ import annotations
 
 import os
-import re
 import resource
-import shutil
 import signal
-import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import isolation_fixtures
 import numpy as np
 import psutil
 import pytest
-from daemon_proc import DaemonProcess
-from models_fixtures import module_tmp, start_daemon  # noqa: F401 - fixtures
+from isolation_fixtures import (
+    TARGETS,
+    WAIT_S,
+    Events,
+    backends,
+    cmdline,
+    cpu,
+    feeds,
+    isolated,
+    wait_until,
+)
 
-from edgepilot.backends.armnn import ArmnnBackend
-from edgepilot.backends.armnn_options import ArmnnSection
 from edgepilot.backends.backend_set import BackendSet
-from edgepilot.backends.base import Backend, Executable, Segment, Target
-from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.backends.base import Executable, Segment, Target
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
 from edgepilot.backends.tensor_process import IsolatedBackend, WorkerExecutable
 from edgepilot.backends.tflite import TfliteBackend
@@ -34,69 +37,9 @@ from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import BackendError
-from edgepilot.formats import onnx_gen, tflite_graph
-from edgepilot.formats.tflite_gen import write_mlp_tflite
+from edgepilot.formats import onnx_gen
 
-WAIT_S = 60.0  # a bound for things that happen (a worker noticed dead), never a speed check
-Events = list[tuple[str, dict[str, Any]]]
-
-
-def wait_until(cond: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Segment]:
-    root = tmp_path_factory.mktemp("iso")
-    onnx_path = root / "mlp.onnx"
-    onnx_gen.mlp_stack(onnx_path, widths=(64, 256, 64), batch=2)
-    tfl_path = write_mlp_tflite(root / "mlp_tfl.tflite", width=32, depth=3, batch=2)
-    ins, outs = tflite_graph.io_names(tfl_path)
-    return {"onnxruntime": Segment(onnx_path, "onnx", ("x",), ("y",), None, "demo-mlp"),
-            "tflite": Segment(tfl_path, "tflite", ins, outs, None, "demo-tfl"),
-            "armnn": Segment(tfl_path, "tflite", ins, outs, None, "demo-armnn")}
-
-
-SECTIONS: dict[str, Any] = {"onnxruntime": OnnxRuntimeSection, "tflite": TfliteSection,
-                            "armnn": ArmnnSection}
-TARGETS = {"onnxruntime": Target("onnxruntime", "cpu", "fp32"),
-           "tflite": Target("tflite", "cpu", "fp32"), "armnn": Target("armnn", "CpuRef", "fp32")}
-
-
-def backends(name: str, isolation: str) -> Backend:
-    """The runtime in this process (``isolation`` is only carried)."""
-    section = SECTIONS[name](isolation=isolation)
-    if name == "onnxruntime":
-        return OnnxRuntimeBackend(section)
-    return TfliteBackend(section) if name == "tflite" else ArmnnBackend(section)
-
-
-def feeds(segment: Segment, seed: int = 0) -> dict[str, np.ndarray]:
-    exe = backends(cpu(segment).backend, "thread").compile(segment, cpu(segment))
-    rng = np.random.default_rng(seed)
-    return {s.name: rng.standard_normal([int(d or 1) for d in s.shape]).astype(s.dtype)
-            for s in exe.inputs}
-
-
-def cpu(segment: Segment) -> Target:
-    backend = "onnxruntime" if segment.kind == "onnx" else "tflite"
-    return Target(backend, "cpu", "fp32")
-
-
-def isolated(name: str, events: Events) -> IsolatedBackend:
-    """The backend as BackendSet builds it from ``isolation = "process"``."""
-    section = SECTIONS[name](isolation="process")
-    bset = BackendSet(lambda n: section if n == name else None, [name])
-    bset.emit = lambda kind, **fields: events.append((kind, fields))
-    backend = bset.get(name)
-    assert isinstance(backend, IsolatedBackend)
-    return backend
+models = isolation_fixtures.models  # the fixture, shared with test_tensor_isolation_daemon
 
 
 @pytest.fixture(params=["onnxruntime", "tflite", "armnn"])
@@ -114,10 +57,6 @@ def served(request: pytest.FixtureRequest, models: dict[str, Segment]
     exe.close()
     ref.close()
     backend.close()
-
-
-def cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
 
 
 def test_outputs_are_identical_in_a_worker_and_in_process(
@@ -285,83 +224,6 @@ def test_kill_9_between_requests_costs_no_request_and_the_backoff_grows(
         backend.close()
 
 
-# ---- a real daemon over HTTP ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def daemon(module_tmp: Path, models: dict[str, Segment]) -> Iterator[DaemonProcess]:  # noqa: F811
-    model_dir = module_tmp / "models"
-    model_dir.mkdir()
-    shutil.copy(models["onnxruntime"].model_path, model_dir / "mlp.onnx")
-    # dispatch off: the registry's whole-model path (a plan's segments compile the same way)
-    d = start_daemon(module_tmp, '[backends.onnxruntime]\nisolation = "process"\n'
-                                 "[dispatch]\nenabled = false\n")
-    yield d
-    assert d.stop() == 0
-
-
-def infer(d: DaemonProcess, x: np.ndarray) -> tuple[int, Any]:
-    return d.request("POST", "/v1/infer/mlp", {"inputs": {"x": {
-        "data": x.ravel().tolist(), "dtype": "float32", "shape": list(x.shape)}}})
-
-
-def worker_pid(d: DaemonProcess) -> int | None:
-    status, body = d.request("GET", "/v1/models")
-    assert status == 200
-    entry = next(m for m in body["data"] if m["id"] == "mlp")
-    return entry.get("worker_pid")  # type: ignore[no-any-return]
-
-
-def queued_bytes(pid: int) -> int:
-    """Bytes waiting unread in the sockets of ``pid`` (``ss``: the kernel's own count)."""
-    out = subprocess.run(["ss", "-xpH"], capture_output=True, text=True, check=True).stdout
-    return sum(int(line.split()[2]) for line in out.splitlines()
-               if re.search(rf"pid={pid},", line))
-
-
-def test_killing_the_worker_leaves_the_daemon_serving(daemon: DaemonProcess,
-                                                      models: dict[str, Segment]) -> None:
-    assert daemon.proc is not None
-    daemon_pid = daemon.proc.pid
-    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
-    want = backends("onnxruntime", "thread").compile(models["onnxruntime"],
-                                                     cpu(models["onnxruntime"])).run({"x": x})
-    status, body = infer(daemon, x)
-    assert status == 200, body
-    np.testing.assert_allclose(body["outputs"]["y"]["data"], want["y"].ravel(), rtol=1e-6)
-    pid = worker_pid(daemon)
-    assert pid is not None and "edgepilot worker onnxruntime mlp --fd" in cmdline(pid)
-    assert psutil.Process(pid).ppid() == daemon_pid
-
-    # killed during a request: that request is answered with the fault, named
-    if shutil.which("ss") is None:
-        pytest.skip("ss (iproute2) is needed to see the request waiting in the worker")
-    os.kill(pid, signal.SIGSTOP)
-    answer: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: answer.update(r=infer(daemon, x)))
-    thread.start()
-    wait_until(lambda: queued_bytes(pid) > 0, "the request reached the worker's socket")
-    os.kill(pid, signal.SIGKILL)
-    thread.join(WAIT_S)
-    status, body = answer["r"]
-    assert status == 503 and body["error"]["code"] == "worker_crashed", body
-    assert "SIGKILL" in body["error"]["message"]
-
-    # the daemon is the same process and keeps answering, on a restarted worker
-    assert daemon.proc.poll() is None and daemon.proc.pid == daemon_pid
-    status, body = infer(daemon, x)
-    assert status == 200, body
-    np.testing.assert_allclose(body["outputs"]["y"]["data"], want["y"].ravel(), rtol=1e-6)
-    new = worker_pid(daemon)
-    assert new not in (None, pid) and psutil.Process(new).ppid() == daemon_pid
-
-    # killed between requests: no request is lost
-    os.kill(new, signal.SIGKILL)
-    wait_until(lambda: f"worker for model mlp (pid {new}) was killed by signal 9 (SIGKILL"
-               in daemon.output(), "the daemon logged its worker's death")
-    status, body = infer(daemon, x)
-    assert status == 200, body
-    assert worker_pid(daemon) not in (None, pid, new)
-
-
 # ---- plan segments through the dispatcher -----------------------------------------------------
 def test_a_planned_model_in_a_worker_survives_its_kill(tmp_path: Path) -> None:
     path = tmp_path / "mlp.onnx"
@@ -416,30 +278,3 @@ def test_a_planned_model_in_a_worker_survives_its_kill(tmp_path: Path) -> None:
         assert md.explain()["excluded"] == [faulted[0]["target"]]
     finally:
         backend.close()
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def test_no_tensor_worker_outlives_a_killed_daemon(tmp_path: Path,
-                                                   models: dict[str, Segment]) -> None:
-    (tmp_path / "models").mkdir()
-    shutil.copy(models["tflite"].model_path, tmp_path / "models" / "tfl.tflite")
-    d = start_daemon(tmp_path, '[backends.tflite]\nisolation = "process"\n'
-                               "[dispatch]\nenabled = false\n")
-    try:
-        x = np.zeros((2, 32), np.float32)
-        status, body = d.request("POST", "/v1/infer/tfl", {"inputs": {"input": {
-            "data": x.ravel().tolist(), "dtype": "float32", "shape": [2, 32]}}})
-        assert status == 200, body
-        body = d.request("GET", "/v1/models")[1]
-        pid = next(m for m in body["data"] if m["id"] == "tfl")["worker_pid"]
-        assert "edgepilot worker tflite tfl --fd" in cmdline(pid)
-    finally:
-        d.stop(signal.SIGKILL)
-    # the kernel closed the daemon's end of the socket: the worker sees EOF and leaves
-    wait_until(lambda: gone(pid), "the worker left with its daemon")
