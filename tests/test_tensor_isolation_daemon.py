@@ -1,5 +1,6 @@
 """Tensor backends in worker processes under a real daemon over HTTP: a killed worker costs
-only its request, the daemon keeps its PID and answers; no worker outlives its daemon."""
+only its request, the daemon keeps its PID and answers, the fault goes out on MQTT (a real
+mosquitto); no worker outlives its daemon."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from daemon_proc import DaemonProcess
 from isolation_fixtures import WAIT_S, backends, cmdline, cpu, wait_until
 from models_fixtures import module_tmp, start_daemon  # noqa: F401 - fixtures
+from mqtt_fixtures import Broker, Recorder
 
 from edgepilot.backends.base import Segment
 
@@ -130,3 +132,47 @@ def test_no_tensor_worker_outlives_a_killed_daemon(tmp_path: Path,
         d.stop(signal.SIGKILL)
     # the kernel closed the daemon's end of the socket: the worker sees EOF and leaves
     wait_until(lambda: gone(pid), "the worker left with its daemon")
+
+
+def test_a_worker_fault_goes_out_on_mqtt(tmp_path: Path, models: dict[str, Segment]) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copy(models["onnxruntime"].model_path, tmp_path / "models" / "mlp.onnx")
+    (tmp_path / "d").mkdir()
+    broker = Broker(tmp_path / "broker")
+    broker.start()
+    d = DaemonProcess(tmp_path / "d", f"""
+[daemon]
+demo_models = false
+[mqtt]
+host = "{broker.host}"
+port = {broker.port}
+device_id = "iso"
+[backends.onnxruntime]
+isolation = "process"
+[dispatch]
+enabled = false
+""", extra_args=["--model-dir", str(tmp_path / "models")])
+    rec: Recorder | None = None
+    try:
+        d.start()
+        rec = Recorder(broker, ["edgepilot/iso/events"])
+        x = np.zeros((2, 64), np.float32)
+        assert infer(d, x)[0] == 200
+        pid = worker_pid(d)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+        def fault() -> dict[str, Any] | None:
+            assert rec is not None
+            return next((e for e in rec.json_on("edgepilot/iso/events")
+                         if e.get("type") == "backend.fault"), None)
+
+        event = wait_until(fault, "backend.fault on MQTT")
+        assert event["model"] == "mlp" and event["target"] == "onnxruntime/cpu/fp32"
+        assert event["pid"] == pid and "SIGKILL" in event["message"]
+        assert infer(d, x)[0] == 200  # and the model is served again
+    finally:
+        if rec is not None:
+            rec.close()
+        d.stop()
+        broker.stop()
