@@ -294,7 +294,7 @@ class IsolatedBackend(Backend):
         return self.worker(model_of(segment)).compile(segment, target)
 
     def close(self) -> None:
-        """End every worker (their executables fail from now on)."""
+        """End every worker now (an executable still open starts a new one on its next run)."""
         with self._lock:
             workers = list(self._workers.values())
             self._workers.clear()
