@@ -75,8 +75,6 @@ def test_killing_the_worker_leaves_the_daemon_serving(daemon: DaemonProcess,
     assert psutil.Process(pid).ppid() == daemon_pid
 
     # killed during a request: that request is answered with the fault, named
-    if shutil.which("ss") is None:
-        pytest.skip("ss (iproute2) is needed to see the request waiting in the worker")
     os.kill(pid, signal.SIGSTOP)
     answer: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: answer.update(r=infer(daemon, x)))
