@@ -209,14 +209,18 @@ class WorkerProcess:
         with self._lock:
             lost = list(self.pending.values())
             self.pending.clear()
-        for answers in lost:
-            answers.put(("error", self.fault))
-        self._steps.put(None)
-        self._step_done.put(None)
-        self.dead.set()
-        if not self.closing:
-            self.in_flight_lost = len(lost)
-            self._on_death(self)
+        self.in_flight_lost = len(lost)
+        try:
+            if not self.closing:
+                # the fault is told first (backend.fault), then the requests: whoever they
+                # tell finds the event already out
+                self._on_death(self)
+        finally:
+            for answers in lost:
+                answers.put(("error", self.fault))
+            self._steps.put(None)
+            self._step_done.put(None)
+            self.dead.set()
 
     def _reap(self) -> int | None:
         with contextlib.suppress(OSError):

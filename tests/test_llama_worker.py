@@ -152,6 +152,7 @@ def test_a_crashed_worker_fails_its_request_with_the_signal_and_is_restarted() -
         with pytest.raises(WorkerCrashed, match=rf"pid {first}\) was killed by signal 11 "
                                                 r"\(SIGSEGV: a crash in llama.cpp\)"):
             list(stream)
+        assert events[0][0] == "backend.fault"  # told before the request got its error
         out = exe.chat(QUESTION, max_tokens=4, temperature=0)  # waits for the restart
         assert out["usage"]["completion_tokens"] == 4
         assert exe.worker_pid not in (None, first) and exe.restarts == 1
@@ -259,6 +260,7 @@ def test_killing_the_worker_under_a_streamed_chat_costs_only_that_stream(
     os.kill(worker_pid, signal.SIGKILL)
     rest = [ln.decode().strip()[6:] for ln in resp.readlines() if ln.startswith(b"data: ")]
     conn.close()
+    assert "event backend.fault" in daemon.output()  # told before the stream's error
     errors = [json.loads(e)["error"] for e in rest if e.startswith('{"error"')]
     assert len(errors) == 1, rest[-3:]
     assert errors[0]["code"] == "worker_crashed"
