@@ -82,7 +82,10 @@ class Generator:
         self.devices = devices
         self.work = work
         self.executor = executor
-        self._admissions: dict[int, _Admission] = {}
+        self._admissions: weakref.WeakKeyDictionary[Executable, _Admission]
+        self._admissions = weakref.WeakKeyDictionary()
+        self._pools: weakref.WeakKeyDictionary[Executable, concurrent.futures.ThreadPoolExecutor]
+        self._pools = weakref.WeakKeyDictionary()
 
     async def generate(self, name: str, kind: Kind, prompt: Any, params: dict[str, Any], *,
                        stream: bool = False) -> dict[str, Any] | AsyncGenerator[Any, None]:
@@ -110,9 +113,19 @@ class Generator:
 
     def _own_executor(self, exe: Executable) -> concurrent.futures.Executor:
         # llama.cpp runs every computation on the model's own thread (a hand-over per token
-        # would cost); an executable running several sequences is safe from any thread
+        # would cost). Otherwise a generation waits out its whole length in a thread of a
+        # pool of the model's own, as many as it runs at once: on the daemon's shared pool,
+        # N long chats would hold N of its few threads and stall every other blocking call
+        # (tensor inference, sysfs, planning) until one ended.
         own = getattr(exe, "executor", None) if exe.max_concurrency == 1 else None
-        return own if isinstance(own, concurrent.futures.Executor) else self.executor
+        if isinstance(own, concurrent.futures.Executor):
+            return own
+        pool = self._pools.get(exe)
+        if pool is None:
+            pool = self._pools[exe] = concurrent.futures.ThreadPoolExecutor(
+                exe.max_concurrency, thread_name_prefix="generate")
+            weakref.finalize(exe, pool.shutdown, wait=False)
+        return pool
 
     async def _enter(self, lm: LoadedModel) -> Callable[[], None]:
         """Take the model's place; returns how to give it back (callable from any thread)."""
@@ -122,9 +135,9 @@ class Generator:
         if exe.max_concurrency <= 1:
             await device.acquire()  # a full line is a 503 before any byte is streamed
             return device.release
-        adm = self._admissions.get(id(exe))
+        adm = self._admissions.get(exe)
         if adm is None or adm.n != exe.max_concurrency:
-            adm = self._admissions[id(exe)] = _Admission(
+            adm = self._admissions[exe] = _Admission(
                 lm.model.name, exe.max_concurrency, device.max_waiting)
             exe.step_guard = device.hold
         await adm.acquire()
