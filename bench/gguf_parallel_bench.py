@@ -9,8 +9,8 @@ names another GGUF. Servers, each over HTTP with streamed OpenAI chat requests (
 - ``daemon parallel=4``: edgepilot with ``[backends.llamacpp] parallel = 4`` (continuous
   batching: the four chats are sequences of one llama.cpp context);
 - ``daemon parallel=1``: edgepilot as before (one generation at a time);
-- ``llama_cpp.server``: llama-cpp-python's own OpenAI server on the same file, when its
-  ``[server]`` extra is installed (skipped, and said so, when not).
+- ``llama_cpp.server``: llama-cpp-python's own OpenAI server on the same file (its ``[server]``
+  dependencies come with the ``test`` extra; skipped, and said so, where they are missing).
 
 For each, every round sends the four chats at once and the same four one after another, in
 alternating order. Reported per server: aggregate **decode** tokens/s (tokens after each
@@ -147,7 +147,8 @@ def server(argv: list[str], port: int, ready: str, log: Path) -> Iterator[None]:
         out.close()
 
 
-def daemon(work: Path, path: Path, parallel: int) -> tuple[list[str], int, str]:
+def daemon(work: Path, path: Path, parallel: int, isolation: str
+           ) -> tuple[list[str], int, str]:
     """argv of an edgepilot daemon serving ``path`` as model ``smol``; no background plan
     (its thread-count measurement would hold the cores during the timed rounds)."""
     home = work / f"daemon-{parallel}"
@@ -155,7 +156,8 @@ def daemon(work: Path, path: Path, parallel: int) -> tuple[list[str], int, str]:
     shutil.copy(path, home / "models" / "smol.gguf")
     cfg = home / "edgepilot.toml"
     cfg.write_text(f"[mqtt]\nenabled = false\n[dispatch]\nenabled = false\n"
-                   f"[backends.llamacpp]\nn_ctx = {N_CTX}\nparallel = {parallel}\n")
+                   f"[backends.llamacpp]\nn_ctx = {N_CTX}\nparallel = {parallel}\n"
+                   f'isolation = "{isolation}"\n')
     port = free_port()
     return ([sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir",
              str(home / "state"), "--model-dir", str(home / "models"), "run", "--port",
@@ -170,11 +172,14 @@ def llama_server(path: Path) -> tuple[list[str], int, str] | str:
         return (f"llama-cpp-python's server needs its [server] extra "
                 f"(pip install 'llama-cpp-python[server]'); missing here: {', '.join(missing)}")
     port = free_port()
-    # the same context and every core, like the daemon (its own default is half the cores)
+    # the same context and every core, like the daemon (its own default is half the cores);
+    # requests queue rather than cut each other off (its default interrupts a streamed answer
+    # whenever a new request arrives, so concurrent chats would come back truncated)
     n = os.cpu_count() or 1
     return ([sys.executable, "-m", "llama_cpp.server", "--model", str(path), "--n_ctx",
              str(N_CTX), "--n_threads", str(n), "--n_threads_batch", str(n), "--port",
-             str(port), "--host", "127.0.0.1"], port, "/v1/models")
+             str(port), "--host", "127.0.0.1", "--interrupt_requests", "False"], port,
+            "/v1/models")
 
 
 def bench_one(port: int, model: str, rounds: int, max_tokens: int) -> dict[str, Any]:
@@ -208,6 +213,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--isolation", choices=["process", "thread"], default="process",
+                    help="[backends.llamacpp] isolation of the daemons (process: the default)")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name(
         "gguf_parallel_results.json"))
     args = ap.parse_args()
@@ -218,7 +225,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name, parallel in (("daemon_parallel_4", 4), ("daemon_parallel_1", 1)):
-            argv, port, ready = daemon(work, path, parallel)
+            argv, port, ready = daemon(work, path, parallel, args.isolation)
             with server(argv, port, ready, work / f"{name}.log"):
                 results[name] = bench_one(port, "smol", args.rounds, args.max_tokens)
             print(name, json.dumps(results[name]), flush=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -124,8 +123,7 @@ def main() -> int:
         "n_failures": len(failures), "rss_mb": {"start": round(samples[0][1], 1),
                                                 "after_warmup": round(after_warmup, 1),
                                                 "end": round(end, 1), "peak": round(peak, 1)},
-        "growth_mb": round(growth, 1), "bound_mb": args.bound_mb, "daemon_exit": rc,
-        "pid": os.getpid()}
+        "growth_mb": round(growth, 1), "bound_mb": args.bound_mb, "daemon_exit": rc}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{sum(counts.values())} requests in {args.seconds:.0f} s: {counts}")
     print(f"RSS MB: start {samples[0][1]:.1f}, after warm-up {after_warmup:.1f}, end {end:.1f}, "

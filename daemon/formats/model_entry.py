@@ -35,8 +35,10 @@ class ModelEntry(BaseModel):
         "for inputs with dynamic dims unless the first request sets them); each dim 1..2^24.")
     max_batch: int = Field(1, ge=1, le=1024, description="Concurrent requests coalesced into "
                            "one run along the batch dimension (1: no dynamic batching).")
-    batch_wait_ms: float = Field(2.0, ge=0, le=10_000, description="How long the first "
-                                 "request of a batch waits for others to join it.")
+    # short: while a batch runs, the next one fills anyway; the wait only gathers requests
+    # that arrive together at an idle model, and costs a lone request that much latency
+    batch_wait_ms: float = Field(0.5, ge=0, le=10_000, description="How long the first "
+                                 "request of a batch at an idle model waits for others.")
 
     @field_validator("input_shapes")
     @classmethod
