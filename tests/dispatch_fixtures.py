@@ -31,6 +31,7 @@ class HookedExecutable(Executable):
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.owner.calls += 1
         if self.owner.fault:
+            self.owner.calls_failed += 1
             raise RuntimeError("injected device fault")
         if self.owner.delay_s:
             time.sleep(self.owner.delay_s)
@@ -52,6 +53,7 @@ class HookedBackend(Backend):
         self.delay_s = 0.0
         self.fault = False
         self.calls = 0
+        self.calls_failed = 0
 
     def _inner_target(self, target: Target) -> Target:
         if target.backend != self.name:

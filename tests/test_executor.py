@@ -4,6 +4,7 @@ is excluded and no request is lost."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import dispatch_fixtures
@@ -143,3 +144,31 @@ def test_all_one_target_plan_is_the_single_target_session(
         assert exe.model_sha256 == hashlib.sha256(fresh).hexdigest()
         assert [i.name for i in exe.inputs] == [i.name for i in single.inputs]
         assert [o.name for o in exe.outputs] == [o.name for o in single.outputs]
+
+
+def test_an_excluded_target_is_probed_again_and_comes_back_once_it_works(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    events = Events()
+    md, hooked = make(mlp_path, ort_backend, events, reprobe_s=0.2)
+    assert md.plan is not None and str(HOOKED) in md.plan.targets
+    feed = md.calibration[0]
+    hooked.fault = True
+    md.run(feed)  # faults, excluded, served on fp32
+    assert md.explain()["excluded"] == [str(HOOKED)]
+    # still failing: its probes fail and it stays out, retried with backoff
+    deadline = time.monotonic() + 60
+    while hooked.calls_failed < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert md.explain()["excluded"] == [str(HOOKED)]
+    assert str(HOOKED) not in md.plan.targets
+    assert md.recovery.pending() == [str(HOOKED)]
+    # the runtime works again (a restarted worker): the next probe brings it back
+    hooked.fault = False
+    while not events.of("backend.recovered") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert events.of("backend.recovered")[0]["target"] == str(HOOKED)
+    assert md.explain()["excluded"] == []
+    assert str(HOOKED) in md.plan.targets
+    out, _ = md.run(feed)
+    assert output_error(out, md.ref_outputs[0]) < 0.1
+    md.recovery.close()

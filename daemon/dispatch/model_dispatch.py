@@ -14,7 +14,6 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,15 @@ from edgepilot.dispatch.measure import (
     LatencyTable,
     Measurer,
     Progress,
-    median_ms,
 )
 from edgepilot.dispatch.monitor import Monitor, worth_switching
 from edgepilot.dispatch.partition import Partition, covers_any, partition
 from edgepilot.dispatch.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.plan_cache import PlanCache, cache_key
 from edgepilot.dispatch.planner import CostTable, plan_cost
+from edgepilot.dispatch.recovery import Recovery
 from edgepilot.dispatch.samples import Feed, Samples, pick, rules_for
+from edgepilot.dispatch.segment_timing import time_new_segments
 from edgepilot.dispatch.signature import Shapes, resolve_shapes, signature_of
 from edgepilot.dispatch.targets import reference_target
 from edgepilot.dispatch.tolerance import output_error
@@ -62,6 +62,7 @@ class DispatchOptions:
     max_layers: int = 48
     passes: int = 2
     calibration_dir: Path | None = None
+    reprobe_s: float = 5.0  # first retry of a target excluded after a fault
 
 
 class ModelDispatch:
@@ -95,6 +96,7 @@ class ModelDispatch:
         self.reference: Target | None = None
         self.calibration: list[dict[str, np.ndarray]] = []
         self.ref_outputs: list[dict[str, np.ndarray]] = []
+        self.recovery = Recovery(self._readmit, opts.reprobe_s)
 
     def prepare(self, reprofile: bool = False) -> Plan:
         """Partition, profile (or load the cached profile), plan, check and time.
@@ -224,49 +226,14 @@ class ModelDispatch:
                      self.name, err, self.opts.tolerance, worst, ref)
             self.builder.forced[worst] = ref
         plan.error = err
-        self._time_new_segments(plan, compiled)
+        time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
+                          self.opts.runs, self.opts.warmup, self.opts.passes)
         # predicted above from earlier observations only; this measurement joins them after
         plan.measured_ms, per_segment = time_plan(compiled, self.calibration[0], self.opts.runs,
                                                   warmup=1, min_total_ms=MIN_TIMED_MS,
                                                   max_runs=MAX_RUNS)
         self.builder.record(plan.segments, per_segment)
         return plan, compiled
-
-    def _time_new_segments(self, plan: Plan, compiled: CompiledPlan) -> None:
-        """Time alone every segment of ``plan`` never timed as one graph, then re-predict.
-
-        A layer sum misses what a compiled segment does across its layers (fusion, cache
-        reuse, one call instead of several); the profile times each target's whole model for
-        that, and a split plan's segments are timed here, alone, like the profile's cells
-        (``passes`` medians, the lowest kept). The plan's prediction then rests on these
-        earlier timings of its own segments; its end-to-end check is measured afterwards.
-        """
-        assert self.builder is not None and self.part is not None
-        b = self.builder
-        new = [k for k, seg in enumerate(compiled.segments)
-               if not b.calibration.has(seg.target, seg.start, seg.end)]
-        if not new:
-            return
-        env: dict[str, np.ndarray] = dict(self.calibration[0])
-        feeds = []
-        for seg in compiled.segments:
-            feeds.append({name: env[name] for name in seg.segment.inputs})
-            env.update(seg.exe.run(feeds[-1]))
-        best: dict[int, float] = {}
-        for _ in range(max(1, self.opts.passes)):
-            for k in new:
-                ms = median_ms(partial(compiled.segments[k].exe.run, feeds[k]),
-                               self.opts.runs, self.opts.warmup, MIN_TIMED_MS)
-                best[k] = min(ms, best.get(k, ms))
-        segs = compiled.segments
-        b.record([(segs[k].target, segs[k].start, segs[k].end) for k in new],
-                 [best[k] for k in new], source="segment")
-        table = b.table()
-        plan.predicted_ms = b.plan_ms(table, [table.targets.index(t) for t in plan.targets])
-        plan.calibration = b.calibration.summary(plan.segments, len(self.part.layers))
-        for seg in segs:
-            seg.predicted_ms = b.segment_ms(table, table.targets.index(seg.target), seg.start,
-                                            seg.end)
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan
@@ -370,11 +337,29 @@ class ModelDispatch:
             if self.plan.hash != seen_hash and target not in self.plan.targets:
                 return  # another request already replanned around it
             self.builder.excluded.add(target)
+            self.recovery.watch(target)
             try:
                 self.replan(f"fault:{target}", force=True)
             except EdgepilotError as exc:
                 log.error("model %s: no plan without %s: %s", self.name, target, exc.message)
                 raise
+
+    def _readmit(self, target: str) -> bool:
+        """Allow ``target`` again (a recovery timer): the replan checks the plan that may use
+        it on the calibration inputs, so a target still failing stays out."""
+        with self._lock:
+            if self.builder is None or target not in self.builder.excluded:
+                return True
+            self.builder.excluded.discard(target)
+            try:
+                self.replan(f"recovered:{target}", force=True)
+            except (SegmentFault, EdgepilotError) as exc:
+                self.builder.excluded.add(target)
+                log.info("model %s: %s still fails its probe: %s", self.name, target, exc)
+                return False
+        log.info("model %s: %s passed its probe; back in its plans", self.name, target)
+        self.emit("backend.recovered", model=self.name, target=target)
+        return True
 
     def _on_drift(self, drifted: list[int]) -> None:
         assert self.builder is not None and self.compiled is not None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.model_dispatch import ModelDispatch
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service
@@ -69,6 +70,9 @@ class DispatchService:
     async def stop(self) -> None:
         self.daemon.events.unsubscribe(self._on_event)
         self.daemon.dispatcher.cancelled = True
+        for md in self.daemon.dispatcher.prepared():
+            if isinstance(md, ModelDispatch):
+                md.recovery.close()  # no probe starts while the daemon stops
         # a measurement waiting for the devices gives up now rather than at its timeout
         self.daemon.devices.close()
         for task in list(self._tasks):
