@@ -13,10 +13,8 @@ import itertools
 import logging
 import pickle
 import queue
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +22,12 @@ from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
 from typing import Any
 
-from edgepilot import errors
+from edgepilot.backends.worker_exit import (
+    WorkerCrashed,
+    how_it_ended,
+    rebuild_error,
+    worker_argv,
+)
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -33,47 +36,8 @@ CLOSE_TIMEOUT_S = 10.0
 # how long loading may take (a model on a slow SD card, a big GPU offload) before it is killed
 LOAD_TIMEOUT_S = 600.0
 StepGuard = Callable[[], AbstractContextManager[None]]
-
-
-class WorkerCrashed(BackendError):
-    """The worker process running a model died under a request (a native crash, an OOM kill,
-    an operator's kill); the model's next request gets a fresh worker."""
-
-    code = "worker_crashed"
-    http_status = 503
-
-
-def how_it_ended(returncode: int | None) -> str:
-    """``returncode`` in words: the signal (with what usually sends it) or the exit status."""
-    if returncode is None:
-        return "closed its connection"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        hint = {"SIGSEGV": ": a crash in llama.cpp", "SIGABRT": ": llama.cpp aborted",
-                "SIGKILL": ": the kernel's OOM killer or an operator",
-                "SIGBUS": ": a crash in llama.cpp (a model file changed under its mmap?)"}
-        return f"was killed by signal {-returncode} ({name}{hint.get(name, '')})"
-    return f"exited with status {returncode}"
-
-
-def rebuild_error(data: dict[str, Any]) -> Exception:
-    """An error the worker sent as plain data, as the edgepilot exception it was."""
-    cls = getattr(errors, str(data.get("type")), None)
-    if not (isinstance(cls, type) and issubclass(cls, errors.EdgepilotError)):
-        cls = BackendError
-    return cls(str(data.get("message")), field=data.get("field"))
-
-
-def worker_argv(model: str, fd: int) -> list[str]:
-    """The worker's command line: ``... -m edgepilot worker llamacpp <model> --fd N``."""
-    level = logging.getLevelName(logging.getLogger("edgepilot").getEffectiveLevel()).lower()
-    argv = [sys.executable, "-m", "edgepilot", "worker", "llamacpp", model, "--fd", str(fd)]
-    if level in ("debug", "info", "warning", "error"):
-        argv += ["--log-level", level]
-    return argv
+RUNTIME = "llama.cpp"  # as a crash names it: "SIGSEGV: a crash in llama.cpp"
+__all__ = ["StepGuard", "WorkerCrashed", "WorkerProcess"]
 
 
 class WorkerProcess:
@@ -99,7 +63,7 @@ class WorkerProcess:
         self._guard_thread: threading.Thread | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.proc = subprocess.Popen(worker_argv(model, theirs.fileno()),
+            self.proc = subprocess.Popen(worker_argv("llamacpp", model, theirs.fileno()),
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -115,8 +79,8 @@ class WorkerProcess:
         except (EOFError, OSError):
             rc = self._reap()
             raise WorkerCrashed(f"the llama.cpp worker for {model!r} (pid {self.pid}) "
-                                f"{how_it_ended(rc)} while loading the model; see the log "
-                                "above", field="model") from None
+                                f"{how_it_ended(rc, RUNTIME)} while loading the model; see the "
+                                "log above", field="model") from None
         if reply[0] != "ready":
             self._reap()
             raise rebuild_error(reply[1])
@@ -202,7 +166,8 @@ class WorkerProcess:
                     answers.put(msg[:1] + msg[2:])
         rc = self._reap()
         self.fault = WorkerCrashed(
-            f"the llama.cpp worker for model {self.model!r} (pid {self.pid}) {how_it_ended(rc)}"
+            f"the llama.cpp worker for model {self.model!r} (pid {self.pid}) "
+            f"{how_it_ended(rc, RUNTIME)}"
             "; the request on it is lost and the worker is restarted — retry (the daemon log "
             "holds the worker's last words)", field="model")
         self.returncode = rc

@@ -5,7 +5,7 @@ default): the daemon's side of it.
 ``complete``, ``tokenize``, ``run``, ``set_threads``, ``max_concurrency``, ``step_guard``,
 cancellation, ``memory_bytes``, ``close``) and forwards each call to the worker, one request
 stream per call in flight. A worker that dies costs only the requests on it: each gets a
-:class:`~.llamacpp_process.WorkerCrashed` naming the signal, a ``backend.fault`` event goes
+:class:`~.worker_exit.WorkerCrashed` naming the signal, a ``backend.fault`` event goes
 out, and a new worker is started after a backoff (0.5 s, doubling to 30 s while it keeps
 dying); a request that arrives meanwhile waits for it.
 

@@ -35,17 +35,10 @@ from typing import Any
 from edgepilot.backends.llamacpp_exe import LlamaExecutable
 from edgepilot.backends.llamacpp_options import LlamacppSection
 from edgepilot.backends.llamacpp_runtime import LLAMA_THREAD
+from edgepilot.backends.worker_exit import error_data
 from edgepilot.errors import EdgepilotError
 
 log = logging.getLogger(__name__)
-
-
-def error_data(exc: BaseException) -> dict[str, Any]:
-    """An exception as plain data: its class name (for the parent to rebuild it), message and
-    field. Anything not raised on purpose is named by its type."""
-    if isinstance(exc, EdgepilotError):
-        return {"type": type(exc).__name__, "message": exc.message, "field": exc.field}
-    return {"type": "BackendError", "message": f"{type(exc).__name__}: {exc}", "field": None}
 
 
 class RelayGovernor:

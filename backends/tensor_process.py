@@ -9,7 +9,7 @@ cross through shared memory (:mod:`.shm_tensors`), one block per direction per e
 reused from call to call.
 
 A worker that dies (a native crash, an OOM kill, an operator's kill) costs only the requests on
-it: each gets a :class:`~.llamacpp_process.WorkerCrashed` naming the signal — the dispatcher
+it: each gets a :class:`~.worker_exit.WorkerCrashed` naming the signal — the dispatcher
 then leaves the target out and replans, a whole-model request fails with it — and a
 ``backend.fault`` event goes out per target the worker held. The next use starts a new worker
 after a backoff (0.5 s, doubling to 30 s while it keeps dying) and compiles its executables in
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.base import Backend, Executable, Segment, Support, Target, TensorSpec
-from edgepilot.backends.llamacpp_process import WorkerCrashed
 from edgepilot.backends.shm_tensors import AttachedBlocks, OwnedBlock
+from edgepilot.backends.worker_exit import WorkerCrashed
 from edgepilot.backends.worker_link import WorkerLink, how_it_ended
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from edgepilot.backends.base import Backend, Executable, Segment, Target
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
 from edgepilot.backends.shm_tensors import AttachedBlocks, OwnedBlock
 from edgepilot.backends.tflite_options import TfliteSection
-from edgepilot.backends.worker_link import error_data
+from edgepilot.backends.worker_exit import error_data
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ guard and streaming; it could adopt this one): the worker is started as
 request is ``(kind, rid, *args)`` and is answered by ``("result", rid, value)`` or
 ``("error", rid, error)``; a reader thread routes answers by ``rid``. When the connection
 breaks the process is reaped and every request still in flight gets a
-:class:`~.llamacpp_process.WorkerCrashed` naming how it ended (the signal, or the status).
+:class:`~.worker_exit.WorkerCrashed` naming how it ended (the signal, or the status).
 """
 
 from __future__ import annotations
@@ -17,57 +17,26 @@ import contextlib
 import itertools
 import logging
 import queue
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from edgepilot.backends.llamacpp_process import WorkerCrashed, rebuild_error
-from edgepilot.errors import EdgepilotError
+from edgepilot.backends.worker_exit import (
+    WorkerCrashed,
+    error_data,
+    how_it_ended,
+    rebuild_error,
+    worker_argv,
+)
 
 log = logging.getLogger(__name__)
 # how long a worker may take to leave after it is asked to close, before it is killed
 CLOSE_TIMEOUT_S = 10.0
-# what usually sends each signal, for the operator reading the error
-SIGNAL_HINTS = {"SIGSEGV": "a crash in the runtime", "SIGABRT": "the runtime aborted",
-                "SIGKILL": "the kernel's OOM killer or an operator",
-                "SIGBUS": "a crash in the runtime (a model file changed under its mmap?)"}
-
-
-def how_it_ended(returncode: int | None) -> str:
-    """``returncode`` in words: the signal (with what usually sends it) or the exit status."""
-    if returncode is None:
-        return "closed its connection"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        hint = SIGNAL_HINTS.get(name)
-        return f"was killed by signal {-returncode} ({name}{': ' + hint if hint else ''})"
-    return f"exited with status {returncode}"
-
-
-def error_data(exc: BaseException) -> dict[str, Any]:
-    """An exception as plain data for the parent (see ``rebuild_error``): its class name,
-    message and field; anything not raised on purpose is named by its type."""
-    if isinstance(exc, EdgepilotError):
-        return {"type": type(exc).__name__, "message": exc.message, "field": exc.field}
-    return {"type": "BackendError", "message": f"{type(exc).__name__}: {exc}", "field": None}
-
-
-def worker_argv(backend: str, model: str, fd: int) -> list[str]:
-    """The worker's command line: ``... -m edgepilot worker <backend> <model> --fd N``."""
-    level = logging.getLevelName(logging.getLogger("edgepilot").getEffectiveLevel()).lower()
-    argv = [sys.executable, "-m", "edgepilot", "worker", backend, model, "--fd", str(fd)]
-    if level in ("debug", "info", "warning", "error"):
-        argv += ["--log-level", level]
-    return argv
+__all__ = ["WorkerCrashed", "WorkerLink", "error_data", "how_it_ended"]
 
 
 class WorkerLink:
