@@ -205,7 +205,9 @@ def test_a_parallel_model_steps_under_the_daemons_step_guard() -> None:
         deadline = time.monotonic() + 30
         while held["now"] and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert held["steps"] >= 6 and held["most"] == 1 and held["now"] == 0
+        # at least one step per token after the first (the prompts may be read in the same
+        # step as each other or not, so the count itself varies with timing)
+        assert held["steps"] >= 5 and held["most"] == 1 and held["now"] == 0
     finally:
         exe.close()
 
