@@ -263,17 +263,17 @@ class LlamaWorkerExecutable(Executable):
         return self._generate("complete", "prompt", prompt, cancel, params)
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self.worker().call("tokenize", text=text))
+        return list(self.worker().call_method("tokenize", text=text))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` in the worker; the last position's logits."""
-        out: dict[str, np.ndarray] = self.worker().call("run", inputs=dict(inputs))
+        out: dict[str, np.ndarray] = self.worker().call_method("run", inputs=dict(inputs))
         return out
 
     def set_threads(self, n_threads: int) -> None:
         """Threads for decode and prompt batches, in this worker and every restarted one."""
         self._options["threads"] = n_threads
-        self.n_threads = int(self.worker().call("set_threads", n_threads=n_threads))
+        self.n_threads = int(self.worker().call_method("set_threads", n_threads=n_threads))
 
     def close(self) -> None:
         self._closed = True  # a restart waiting out its backoff gives up

@@ -46,8 +46,12 @@ class WorkerLink:
     :meth:`close`)."""
 
     def __init__(self, backend: str, model: str, options: dict[str, Any],
-                 on_death: Callable[[WorkerLink], None]) -> None:
+                 on_death: Callable[[Any], None], *, runtime: str | None = None,
+                 load_timeout_s: float | None = None) -> None:
         self.backend, self.model = backend, model
+        # how messages name it ("the llama.cpp worker", "a crash in llama.cpp")
+        self.label = runtime or backend
+        self._runtime = runtime or "the runtime"
         self._on_death = on_death
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -69,18 +73,37 @@ class WorkerLink:
         self.conn = Connection(ours.detach())
         try:
             self.conn.send(("open", options))
+            if load_timeout_s is not None and not self.conn.poll(load_timeout_s):
+                log.error("%s worker %d did not load %s in %.0f s; killing it", self.label,
+                          self.pid, model, load_timeout_s)
+                self.proc.kill()
             reply = self.conn.recv()
         except (EOFError, OSError):
             rc = self._reap()
-            raise WorkerCrashed(f"the {backend} worker for {model!r} (pid {self.pid}) "
-                                f"{how_it_ended(rc)} while starting; see the log above",
-                                field="model") from None
+            raise WorkerCrashed(f"the {self.label} worker for {model!r} (pid {self.pid}) "
+                                f"{how_it_ended(rc, self._runtime)} while loading the model; "
+                                "see the log above", field="model") from None
         if reply[0] != "ready":
             self._reap()
             raise rebuild_error(reply[1])
         self.facts: dict[str, Any] = reply[1]
         threading.Thread(target=self._read, name=f"{backend}-worker-{self.pid}",
                          daemon=True).start()
+
+    # ---- hooks for a runtime's own messages (the llama.cpp worker's step guard) -----------------
+    def _route(self, msg: tuple[Any, ...]) -> None:
+        """Hand an answer ``(kind, rid, *rest)`` to its request as ``(kind, *rest)``."""
+        with self._lock:
+            answers = self.pending.get(msg[1])
+        if answers is None:
+            return  # a request given up on (its caller left)
+        if msg[0] == "error":
+            answers.put(("error", rebuild_error(msg[2])))
+        else:
+            answers.put(msg[:1] + msg[2:])
+
+    def _after_death(self) -> None:
+        """Called once the worker is gone and its requests were answered."""
 
     @property
     def alive(self) -> bool:
@@ -94,7 +117,7 @@ class WorkerLink:
         except (OSError, ValueError):
             self.dead.wait(CLOSE_TIMEOUT_S)  # the reader names the fault
             raise self.fault or WorkerCrashed(
-                f"the {self.backend} worker for {self.model!r} (pid {self.pid}) is gone",
+                f"the {self.label} worker for {self.model!r} (pid {self.pid}) is gone",
                 field="model") from None
 
     def call(self, kind: str, *args: Any) -> Any:
@@ -123,24 +146,16 @@ class WorkerLink:
             except (EOFError, OSError):
                 break
             except Exception:  # a message we cannot read: the worker is no longer trusted
-                log.exception("unreadable message from %s worker %d", self.backend, self.pid)
+                log.exception("unreadable message from %s worker %d", self.label, self.pid)
                 self.proc.kill()
                 break
-            with self._lock:
-                answers = self.pending.get(msg[1])
-            if answers is None:
-                continue
-            if msg[0] == "error":
-                answers.put(("error", rebuild_error(msg[2])))
-            else:
-                answers.put(("result", msg[2]))
+            self._route(msg)
         rc = self._reap()
         self.returncode = rc
         fault = WorkerCrashed(
-            f"the {self.backend} worker for model {self.model!r} (pid {self.pid}) "
-            f"{how_it_ended(rc)}; the request on it is lost and the worker is restarted on the "
-            "next request — retry (the daemon log holds the worker's last words)",
-            field="model")
+            f"the {self.label} worker for model {self.model!r} (pid {self.pid}) "
+            f"{how_it_ended(rc, self._runtime)}; the request on it is lost and the worker is "
+            "restarted — retry (the daemon log holds the worker's last words)", field="model")
         with self._lock:
             self.fault = fault
             lost = list(self.pending.values())
@@ -153,6 +168,7 @@ class WorkerLink:
         finally:
             for answers in lost:
                 answers.put(("error", fault))
+            self._after_death()
             self.dead.set()
 
     def _reap(self) -> int | None:
@@ -170,7 +186,7 @@ class WorkerLink:
         with contextlib.suppress(WorkerCrashed):
             self.send(("close",))
         if not self.dead.wait(CLOSE_TIMEOUT_S):
-            log.warning("%s worker %d did not leave in %.0f s; killing it", self.backend,
+            log.warning("%s worker %d did not leave in %.0f s; killing it", self.label,
                         self.pid, CLOSE_TIMEOUT_S)
             self.proc.kill()
             self.dead.wait(CLOSE_TIMEOUT_S)
