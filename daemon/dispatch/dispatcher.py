@@ -297,8 +297,9 @@ class Dispatcher:
         return self.get(name, shapes_of(inputs))
 
     # ---- async API (daemon) -------------------------------------------------------------------
-    def has_plan(self, name: str, inputs: Mapping[str, np.ndarray] | None = None) -> bool:
-        """Whether ``name`` has a plan for the shapes of ``inputs`` to serve on now.
+    def planned(self, name: str, inputs: Mapping[str, np.ndarray] | None = None
+                ) -> AnyDispatch | None:
+        """The dispatch state whose plan serves ``inputs`` now, found once per request.
 
         When it has none, planning for those shapes starts in the background (once) and the
         caller serves the whole model on its default target meanwhile: profiling takes seconds
@@ -311,18 +312,18 @@ class Dispatcher:
             md = self.for_request(name, inputs) if inputs is not None else self.get(name)
         except EdgepilotError as exc:
             log.debug("no plan for %s: %s", name, exc.message)
-            return False
+            return None
         key = (name, md.signature)
         if inputs is not None and self.config.dispatch.sample_requests:
             recent = self._recent.get(key)
             if recent is not None:
                 recent.append({k: np.array(v, copy=True) for k, v in inputs.items()})
         if md.plan is not None:
-            return True
+            return md
         # one plan in the making per model (see background.py)
         if key not in self.plan_failures and not self.background.busy(name):
             self._start_planning(name, shapes, key)
-        return False
+        return None
 
     def _start_planning(self, name: str, shapes: Shapes | None, key: tuple[str, str]) -> None:
         self.background.start(key, lambda: self.run_blocking(self.plan_for, name, shapes))

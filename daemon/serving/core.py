@@ -172,9 +172,9 @@ class Serving:
 
     def _planned(self, name: str, inputs: Mapping[str, np.ndarray]) -> ModelDispatch | None:
         d = self.dispatcher
-        if d is None or not self.config.dispatch.enabled or not d.has_plan(name, inputs):
+        if d is None or not self.config.dispatch.enabled:
             return None
-        md = d.for_request(name, inputs)
+        md = d.planned(name, inputs)  # one lookup per request, planning in the background
         return md if isinstance(md, ModelDispatch) else None
 
     async def _run_whole(self, model: ResolvedModel, inputs: Tensors, deadline: float | None
