@@ -12,7 +12,7 @@ BACKENDS: dict[str, str] = {
     "onnxruntime": "edgepilot.backends.onnxrt:OnnxRuntimeBackend",
     "tflite": "edgepilot.backends.tflite:TfliteBackend",
     "armnn": "edgepilot.backends.armnn:ArmnnBackend",
-    "llamacpp": "edgepilot.backends.llamacpp:LlamaCppBackend",
+    "llamacpp": "edgepilot.backends.llamacpp.backend:LlamaCppBackend",
 }
 
 

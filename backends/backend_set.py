@@ -13,7 +13,7 @@ from typing import Any
 
 from edgepilot.backends import BACKENDS, load_backend
 from edgepilot.backends.base import Backend, BackendUnavailable
-from edgepilot.backends.tensor_process import IsolatedBackend
+from edgepilot.backends.workers.tensor_process import IsolatedBackend
 from edgepilot.errors import EdgepilotError
 
 # tensor backends only: llama.cpp plans GGUF models by n_gpu_layers, not per layer

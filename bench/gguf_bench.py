@@ -46,7 +46,7 @@ from typing import Any
 import llama_cpp
 
 from edgepilot.config import parse_config
-from edgepilot.dispatch.gguf_select import thread_candidates
+from edgepilot.dispatch.gguf.select import thread_candidates
 from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.formats import files, gguf_info
 from edgepilot.lifecycle import Daemon

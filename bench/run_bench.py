@@ -26,17 +26,17 @@ from typing import Any
 
 from edgepilot.config import Config
 from edgepilot.dispatch.bench import bench
-from edgepilot.dispatch.costmodel import (
+from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.measuring.measure import Measurer
+from edgepilot.dispatch.planning.costmodel import (
     Sample,
     leave_one_out,
     leave_one_out_linear,
     op_class,
     within,
 )
-from edgepilot.dispatch.dispatcher import Dispatcher
-from edgepilot.dispatch.kernels import correction
-from edgepilot.dispatch.measure import Measurer
-from edgepilot.dispatch.plan import CostBuilder
+from edgepilot.dispatch.planning.kernels import correction
+from edgepilot.dispatch.planning.plan import CostBuilder
 from edgepilot.formats import onnx_gen
 from edgepilot.formats.tflite_gen import write_mlp_tflite
 

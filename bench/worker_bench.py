@@ -31,8 +31,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from edgepilot.backends.llamacpp import LLAMA_THREAD, LlamaCppBackend
-from edgepilot.backends.llamacpp_options import LlamacppSection
+from edgepilot.backends.llamacpp.backend import LLAMA_THREAD, LlamaCppBackend
+from edgepilot.backends.llamacpp.options import LlamacppSection
 
 CHAT = [{"role": "user", "content": "Write a long story about a robot who learns to paint."}]
 

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from edgepilot.backends.armnn_options import ARMNN_DEVICES, ArmnnDevice, ArmnnSection
-from edgepilot.backends.llamacpp_options import LlamacppSection
+from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
 from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.errors import ConfigError

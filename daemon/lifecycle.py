@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 from prometheus_client import CollectorRegistry, Gauge, Info
 
 from edgepilot import __version__
-from edgepilot.commands import CommandRegistry
+from edgepilot.command_registry import CommandRegistry
 from edgepilot.config import Config, check_http_exposure, load_config
 from edgepilot.errors import ConfigError, EdgepilotError
 from edgepilot.events import EventBus
@@ -141,7 +141,7 @@ class Daemon:
         before the board is restored; models unload before DVFS is put back)."""
         from edgepilot import status
         from edgepilot.dispatch import service as dispatch_service
-        from edgepilot.dvfs import energy as energy_service
+        from edgepilot.dvfs import energy_policies as energy_service
         from edgepilot.dvfs import service as dvfs_service
         from edgepilot.mqtt import service as mqtt_service
         from edgepilot.serving import service as serving_service

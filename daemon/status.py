@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from edgepilot import __version__
-from edgepilot.commands import NoParams
+from edgepilot.command_registry import NoParams
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon, Service

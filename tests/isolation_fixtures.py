@@ -17,9 +17,9 @@ from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, Segment, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
-from edgepilot.backends.tensor_process import IsolatedBackend
 from edgepilot.backends.tflite import TfliteBackend
 from edgepilot.backends.tflite_options import TfliteSection
+from edgepilot.backends.workers.tensor_process import IsolatedBackend
 from edgepilot.formats import onnx_gen, tflite_graph
 from edgepilot.formats.tflite_gen import write_mlp_tflite
 

@@ -12,7 +12,7 @@ from llama_cpp import Llama
 from models_fixtures import gguf_path  # noqa: F401 - fixture
 
 from edgepilot.backends.base import Segment, Target
-from edgepilot.backends.llamacpp import LlamaCppBackend, n_gpu_layers_for
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend, n_gpu_layers_for
 from edgepilot.config import LlamacppSection
 from edgepilot.errors import BackendError
 from edgepilot.formats.gguf_gen import CHAT_TEMPLATE, GgufSpec, write_gguf

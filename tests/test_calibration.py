@@ -11,9 +11,9 @@ import pytest
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.calibration import Calibration, Observation
+from edgepilot.dispatch.measuring.calibration import Calibration, Observation
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
-from edgepilot.dispatch.plan_cache import PlanCache
+from edgepilot.dispatch.planning.cache import PlanCache
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend

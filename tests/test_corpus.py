@@ -13,17 +13,17 @@ import pytest
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.corpus import CorpusStore, KernelSpec, default_sweep, layer_ops
-from edgepilot.dispatch.kernels import (
+from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
+from edgepilot.dispatch.planning.corpus import CorpusStore, KernelSpec, default_sweep, layer_ops
+from edgepilot.dispatch.planning.kernels import (
     KernelPoint,
     OpFeatures,
     correction,
     fit_family,
     fit_model,
 )
-from edgepilot.dispatch.measure import Cell, LatencyTable
-from edgepilot.dispatch.partition import partition
-from edgepilot.dispatch.plan import CostBuilder
+from edgepilot.dispatch.planning.plan import CostBuilder
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend

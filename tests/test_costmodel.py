@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgepilot.dispatch.costmodel import (
+from edgepilot.dispatch.planning.costmodel import (
     Roofline,
     Sample,
     fit,

@@ -17,7 +17,7 @@ from edgepilot.board import Board
 from edgepilot.config import parse_config
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
-from edgepilot.dvfs.thermal import ThermalGuard
+from edgepilot.dvfs.thermal_guard import ThermalGuard
 from edgepilot.errors import ProfileError
 from edgepilot.events import EventBus
 

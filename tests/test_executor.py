@@ -14,9 +14,9 @@ from dispatch_fixtures import Events, HookedBackend
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.executor import SegmentFault
+from edgepilot.dispatch.execution.executor import SegmentFault
+from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
-from edgepilot.dispatch.tolerance import output_error
 
 # fixtures shared with the other dispatcher tests (conftest is the lead's)
 mlp_path = dispatch_fixtures.mlp_path

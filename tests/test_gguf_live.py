@@ -20,8 +20,7 @@ import pytest
 
 from edgepilot.config import parse_config
 from edgepilot.dispatch.dispatcher import Dispatcher
-from edgepilot.dispatch.gguf_dispatch import GgufDispatch
-from edgepilot.dispatch.gguf_live import (
+from edgepilot.dispatch.gguf.live import (
     CLOSE_MARGIN,
     MIN_TOKENS,
     TRIAL_REQUESTS,
@@ -29,7 +28,8 @@ from edgepilot.dispatch.gguf_live import (
     LiveTrial,
     trial_reason,
 )
-from edgepilot.dispatch.gguf_select import Measurement, spread
+from edgepilot.dispatch.gguf.plans import GgufDispatch
+from edgepilot.dispatch.gguf.select import Measurement, spread
 from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.errors import PlanError
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf

@@ -27,7 +27,7 @@ from daemon_proc import DaemonProcess
 from llama_cpp import Llama, LogitsProcessorList
 from models_fixtures import gguf_path, module_tmp, smollm2_gguf, start_daemon  # noqa: F401
 
-from edgepilot.backends.llamacpp import (
+from edgepilot.backends.llamacpp.backend import (
     LLAMA_THREAD,
     LlamaBatchExecutable,
     LlamaCppBackend,

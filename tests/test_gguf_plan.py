@@ -14,8 +14,8 @@ import pytest
 
 from edgepilot.config import parse_config
 from edgepilot.dispatch.dispatcher import Dispatcher
-from edgepilot.dispatch.gguf_dispatch import GgufDispatch
-from edgepilot.dispatch.gguf_select import (
+from edgepilot.dispatch.gguf.plans import GgufDispatch
+from edgepilot.dispatch.gguf.select import (
     Candidate,
     Footprint,
     Measurement,

@@ -18,7 +18,7 @@ from daemon_proc import DaemonProcess
 from llama_cpp import Llama
 from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401 - fixtures
 
-from edgepilot.dispatch.gguf_live import MIN_TOKENS
+from edgepilot.dispatch.gguf.live import MIN_TOKENS
 from edgepilot.formats.gguf_info import read_gguf_info
 
 QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]

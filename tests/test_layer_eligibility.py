@@ -6,9 +6,9 @@ from pathlib import Path
 
 import dispatch_fixtures
 
-from edgepilot.dispatch.measure import Cell, LatencyTable
-from edgepilot.dispatch.partition import partition
-from edgepilot.dispatch.plan import CostBuilder
+from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
+from edgepilot.dispatch.planning.plan import CostBuilder
 
 mlp_path = dispatch_fixtures.mlp_path
 FP32, INT8 = "onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"

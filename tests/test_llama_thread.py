@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from models_fixtures import gguf_path  # noqa: F401 - fixture
 
-from edgepilot.backends.llamacpp import LLAMA_THREAD, LlamaCppBackend
+from edgepilot.backends.llamacpp.backend import LLAMA_THREAD, LlamaCppBackend
 from edgepilot.config import LlamacppSection
 from edgepilot.errors import CommandError
 

@@ -24,9 +24,13 @@ import pytest
 from daemon_proc import DaemonProcess
 from models_fixtures import gguf_path, module_tmp, smollm2_gguf, start_daemon  # noqa: F401
 
-from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable, LlamaWorkerExecutable
-from edgepilot.backends.llamacpp_options import LlamacppSection
-from edgepilot.backends.llamacpp_process import WorkerCrashed
+from edgepilot.backends.llamacpp.backend import (
+    LlamaCppBackend,
+    LlamaExecutable,
+    LlamaWorkerExecutable,
+)
+from edgepilot.backends.llamacpp.options import LlamacppSection
+from edgepilot.backends.llamacpp.process import WorkerCrashed
 from edgepilot.errors import BackendError, CommandError
 
 QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
@@ -313,8 +317,8 @@ def test_the_gguf_plan_governs_the_worker(tmp_path: Path, gguf_path: Path) -> No
     import asyncio
 
     from edgepilot.config import parse_config
-    from edgepilot.dispatch.gguf_dispatch import GgufDispatch
-    from edgepilot.dispatch.gguf_live import MIN_TOKENS
+    from edgepilot.dispatch.gguf.live import MIN_TOKENS
+    from edgepilot.dispatch.gguf.plans import GgufDispatch
     from edgepilot.dispatch.service import attach as attach_dispatch
     from edgepilot.lifecycle import Daemon
     from edgepilot.serving.service import attach as attach_models

@@ -8,8 +8,8 @@ import dispatch_fixtures
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.measure import LatencyTable, Measurer
-from edgepilot.dispatch.partition import partition
+from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer
 from edgepilot.formats import onnx_gen
 
 mlp_path = dispatch_fixtures.mlp_path

@@ -9,8 +9,8 @@ from dispatch_fixtures import Events
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
-from edgepilot.dispatch.monitor import Monitor, worth_switching
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.partition import partition
+from edgepilot.dispatch.graph.partition import partition
 
 FP32 = Target("onnxruntime", "cpu", "fp32")
 

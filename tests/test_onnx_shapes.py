@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.onnx_shapes import concrete_graph
-from edgepilot.dispatch.partition import Partition, partition
+from edgepilot.dispatch.graph.onnx_shapes import concrete_graph
+from edgepilot.dispatch.graph.partition import Partition, partition
 from edgepilot.errors import PlanError
 from edgepilot.formats import files
 from edgepilot.formats.onnx_graph import CutError, cut, implicit_inputs

@@ -11,7 +11,7 @@ import pytest
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.partition import partition
+from edgepilot.dispatch.graph.partition import partition
 from edgepilot.errors import PlanError
 from edgepilot.formats import onnx_gen
 

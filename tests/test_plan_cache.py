@@ -9,7 +9,7 @@ import dispatch_fixtures
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
-from edgepilot.dispatch.plan_cache import PlanCache
+from edgepilot.dispatch.planning.cache import PlanCache
 from edgepilot.formats import onnx_gen
 
 transformer_path = dispatch_fixtures.transformer_path

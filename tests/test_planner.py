@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgepilot.dispatch.planner import (
+from edgepilot.dispatch.planning.planner import (
     CostTable,
     brute_force,
     feasible,

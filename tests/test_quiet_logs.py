@@ -59,7 +59,7 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="LOG %(levelname)s %(name)s: %(message)s")
 from pathlib import Path
-from edgepilot.backends.llamacpp import LlamaCppBackend
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 from edgepilot.config import LlamacppSection
 LlamaCppBackend(LlamacppSection(n_ctx=2048)).open(Path({str(path)!r}))
 """

@@ -13,9 +13,9 @@ from real_models import CORPUS, RealModel, by_name
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.partition import STATEFUL_TFLITE_OPS, Partition, partition
-from edgepilot.dispatch.samples import Feed, generate, onnx_rules
-from edgepilot.dispatch.signature import Shapes, resolve_shapes
+from edgepilot.dispatch.graph.partition import STATEFUL_TFLITE_OPS, Partition, partition
+from edgepilot.dispatch.graph.samples import Feed, generate, onnx_rules
+from edgepilot.dispatch.graph.signature import Shapes, resolve_shapes
 from edgepilot.formats.io import tensor_specs
 
 FP32 = Target("onnxruntime", "cpu", "fp32")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from real_models import by_name
 
 from edgepilot.backends.base import TensorSpec
-from edgepilot.dispatch.samples import generate, name_rule, onnx_rules, pick
+from edgepilot.dispatch.graph.samples import generate, name_rule, onnx_rules, pick
 from edgepilot.errors import PlanError
 from edgepilot.formats.io import tensor_specs
 

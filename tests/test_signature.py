@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edgepilot.backends.base import TensorSpec
-from edgepilot.dispatch.signature import parse_shape_arg, resolve_shapes, signature_of
+from edgepilot.dispatch.graph.signature import parse_shape_arg, resolve_shapes, signature_of
 from edgepilot.errors import PlanError
 
 BERT = [TensorSpec("input_ids", "int64", ("batch", "seq")),

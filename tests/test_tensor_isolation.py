@@ -31,11 +31,11 @@ from isolation_fixtures import (
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Executable, Segment, Target
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
-from edgepilot.backends.tensor_process import IsolatedBackend, WorkerExecutable
 from edgepilot.backends.tflite import TfliteBackend
 from edgepilot.backends.tflite_options import TfliteSection
+from edgepilot.backends.workers.tensor_process import IsolatedBackend, WorkerExecutable
+from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
-from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import BackendError
 from edgepilot.formats import onnx_gen
 

@@ -42,7 +42,7 @@ def add_shape_flag(parser: Any) -> None:
 
 def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     """``--input-shape`` flags as a dict (None when none was given)."""
-    from edgepilot.dispatch.signature import parse_shape_arg
+    from edgepilot.dispatch.graph.signature import parse_shape_arg
     from edgepilot.errors import PlanError
 
     out: dict[str, tuple[int, ...]] = {}

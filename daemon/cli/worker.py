@@ -2,8 +2,8 @@
 daemon (``[backends.<backend>] isolation = "process"``), not by hand.
 
 The model name is on the command line so that ``ps`` shows which worker serves what; what to
-load arrives over the connection on fd ``N`` (see :mod:`edgepilot.backends.llamacpp_worker`
-for llama.cpp, :mod:`edgepilot.backends.tensor_worker` for the tensor backends).
+load arrives over the connection on fd ``N`` (see :mod:`edgepilot.backends.llamacpp.worker`
+for llama.cpp, :mod:`edgepilot.backends.workers.tensor_worker` for the tensor backends).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def add_parser(sub: Any) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or "info")
     if args.backend != "llamacpp":
-        from edgepilot.backends import tensor_worker
+        from edgepilot.backends.workers import tensor_worker
 
         return tensor_worker.main(args.fd, args.backend)
     # imported here: only a worker loads llama-cpp-python this way
-    from edgepilot.backends import llamacpp_worker
+    from edgepilot.backends.llamacpp import worker as llamacpp_worker
 
     return llamacpp_worker.main(args.fd)

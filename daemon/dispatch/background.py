@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from edgepilot.dispatch.measure import Progress
+from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.errors import EdgepilotError
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import ModelDispatch
-from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]

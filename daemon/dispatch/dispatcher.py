@@ -21,21 +21,21 @@ import numpy as np
 from edgepilot import __version__
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Target
-from edgepilot.backends.llamacpp import LlamaCppBackend
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 from edgepilot.board.board import Board
 from edgepilot.config import Config
 from edgepilot.dispatch.background import BackgroundPlans
-from edgepilot.dispatch.corpus import CorpusStore, CorpusStores
-from edgepilot.dispatch.gguf_dispatch import GgufDispatch, GgufPlan
-from edgepilot.dispatch.gguf_setup import gguf_dispatch
-from edgepilot.dispatch.kernels import KernelModel
+from edgepilot.dispatch.gguf.plans import GgufDispatch, GgufPlan
+from edgepilot.dispatch.gguf.setup import gguf_dispatch
+from edgepilot.dispatch.graph.signature import Shapes, shapes_of, signature_of
 from edgepilot.dispatch.links import ActiveProfile, ModelFiles
-from edgepilot.dispatch.measure import Progress
+from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes, resolve_model
-from edgepilot.dispatch.plan import segments_of
-from edgepilot.dispatch.plan_cache import PlanCache
-from edgepilot.dispatch.signature import Shapes, shapes_of, signature_of
+from edgepilot.dispatch.planning.cache import PlanCache
+from edgepilot.dispatch.planning.corpus import CorpusStore, CorpusStores
+from edgepilot.dispatch.planning.kernels import KernelModel
+from edgepilot.dispatch.planning.plan import segments_of
 from edgepilot.dispatch.targets import (
     available_targets,
     board_freqs,

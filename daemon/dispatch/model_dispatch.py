@@ -20,27 +20,27 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.base import Backend, Target
-from edgepilot.dispatch.calibration import time_plan
-from edgepilot.dispatch.executor import CompiledPlan, CompiledSegment, SegmentFault
-from edgepilot.dispatch.kernels import KernelModel
-from edgepilot.dispatch.measure import (
+from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment, SegmentFault
+from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
+from edgepilot.dispatch.execution.recovery import Recovery
+from edgepilot.dispatch.graph.partition import Partition, covers_any, partition
+from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
+from edgepilot.dispatch.graph.signature import Shapes, resolve_shapes, signature_of
+from edgepilot.dispatch.measuring.calibration import time_plan
+from edgepilot.dispatch.measuring.measure import (
     MAX_RUNS,
     MIN_TIMED_MS,
     LatencyTable,
     Measurer,
     Progress,
 )
-from edgepilot.dispatch.monitor import Monitor, worth_switching
-from edgepilot.dispatch.partition import Partition, covers_any, partition
-from edgepilot.dispatch.plan import CostBuilder, Plan, choose
-from edgepilot.dispatch.plan_cache import PlanCache, cache_key
-from edgepilot.dispatch.planner import CostTable, plan_cost
-from edgepilot.dispatch.recovery import Recovery
-from edgepilot.dispatch.samples import Feed, Samples, pick, rules_for
-from edgepilot.dispatch.segment_timing import time_new_segments
-from edgepilot.dispatch.signature import Shapes, resolve_shapes, signature_of
+from edgepilot.dispatch.measuring.tolerance import output_error
+from edgepilot.dispatch.planning.cache import PlanCache, cache_key
+from edgepilot.dispatch.planning.kernels import KernelModel
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose
+from edgepilot.dispatch.planning.planner import CostTable, plan_cost
+from edgepilot.dispatch.planning.segment_timing import time_new_segments
 from edgepilot.dispatch.targets import reference_target
-from edgepilot.dispatch.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
@@ -107,7 +107,7 @@ class ModelDispatch:
             if self.shapes is None:
                 defaults = None
                 if kind == "tflite":  # flatbuffers only where TFLite is installed
-                    from edgepilot.dispatch.layers_tflite import default_shapes
+                    from edgepilot.dispatch.graph.tflite_layers import default_shapes
 
                     defaults = default_shapes(self.path)
                 self.shapes = resolve_shapes(self.name, specs, {}, defaults=defaults)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from edgepilot.config import Config
-from edgepilot.dispatch.signature import Shapes, resolve_shapes
+from edgepilot.dispatch.graph.signature import Shapes, resolve_shapes
 from edgepilot.errors import NotFoundError
 from edgepilot.formats.io import tensor_specs
 
@@ -55,7 +55,7 @@ def planning_shapes(config: Config, name: str, path: Path,
     merged.update(given or {})
     defaults = None
     if kind == "tflite":
-        from edgepilot.dispatch.layers_tflite import default_shapes
+        from edgepilot.dispatch.graph.tflite_layers import default_shapes
 
         defaults = default_shapes(path)
     return resolve_shapes(name, specs, merged, defaults=defaults)

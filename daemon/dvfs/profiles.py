@@ -90,7 +90,7 @@ class ClockSettings(_Strict):
 
 
 class ThermalLimits(_Strict):
-    """Enforced by the daemon's thermal guard (edgepilot.dvfs.thermal) while the profile is on."""
+    """Enforced by the daemon's thermal guard (dvfs/thermal_guard.py) while the profile is on."""
 
     max_c: float | None = Field(None, gt=0, le=150,
                                 description="Highest temperature allowed while active.")

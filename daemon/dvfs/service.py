@@ -1,7 +1,7 @@
 """Attach point of the DVFS capability: Board + ProfileManager, commands, start/stop service.
 
 Start: undo a journal left by a crash, apply ``[dvfs] profile``, then watch the telemetry
-sampler's temperatures with the thermal guard (edgepilot.dvfs.thermal). Stop: stop the guard,
+sampler's temperatures with the thermal guard (edgepilot.dvfs.thermal_guard). Stop: stop the guard,
 then restore.
 """
 
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgepilot.board import Board
-from edgepilot.commands import NoParams
+from edgepilot.command_registry import NoParams
 from edgepilot.config import Config
 from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.profiles import ProfileStore
-from edgepilot.dvfs.thermal import ThermalGuard
+from edgepilot.dvfs.thermal_guard import ThermalGuard
 from edgepilot.dvfs.watch import each_sample
 from edgepilot.errors import ConfigError, EdgepilotError
 

@@ -89,7 +89,7 @@ class SloPicker:
         return Path(self.daemon.state_dir) / "slo" / f"{safe}-{key}.json"
 
     def _key(self, path: Path, names: list[str]) -> str:
-        from edgepilot.dispatch.plan_cache import cache_key
+        from edgepilot.dispatch.planning.cache import cache_key
         from edgepilot.dispatch.targets import board_id, runtime_versions
         from edgepilot.formats.files import sha256_of
 
@@ -105,7 +105,7 @@ class SloPicker:
     def measure_or_load(self) -> list[dict[str, Any]]:
         """Blocking: the cached measurements of this board/model/runtimes, else measured now
         (every valid profile in turn, the board restored after each) and cached."""
-        from edgepilot.dispatch.plan_cache import read_keyed, write_atomic
+        from edgepilot.dispatch.planning.cache import read_keyed, write_atomic
         from edgepilot.dvfs.sweep import measure_profiles
 
         config = self.daemon.config

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgepilot.dvfs.pareto import pareto_front, slo_pick
 from edgepilot.errors import EdgepilotError, ModelError
-from edgepilot.telemetry.power import PowerSampler
+from edgepilot.telemetry.power_window import PowerSampler
 
 Progress = Callable[[int, int, str], None]
 

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from edgepilot import __version__
-from edgepilot.commands import error_body
+from edgepilot.command_registry import error_body
 from edgepilot.errors import EdgepilotError
 from edgepilot.http import (
     commands,

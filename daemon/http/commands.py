@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from edgepilot.commands import reply_for
+from edgepilot.command_registry import reply_for
 from edgepilot.http.auth import require_token
 from edgepilot.http.bodies import off_loop, parse_json
 

@@ -7,9 +7,9 @@ carries ``energy_j`` (the board energy attributed to the request, see
 :meth:`edgepilot.telemetry.work.WorkMeter.end`) and ``joules_per_token`` (per completion token),
 both null without a power sensor; clients that do not know them ignore them. Usage counts are
 llama.cpp's own: for streams (``stream_options.include_usage``) the backend's
-:class:`~edgepilot.backends.llamacpp.TokenStream` counts the sampled tokens with the rule of the
-non-streamed response (an end-of-generation token is not counted, a token completing a ``stop``
-string is), so both equal what llama-cpp-python reports.
+:class:`~edgepilot.backends.llamacpp.backend.TokenStream` counts the sampled tokens with the
+rule of the non-streamed response (an end-of-generation token is not counted, a token
+completing a ``stop`` string is), so both equal what llama-cpp-python reports.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from edgepilot.commands import error_body
+from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError
 from edgepilot.serving.generate import Generator, StreamEnd
 

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edgepilot.commands import reply_for
+from edgepilot.command_registry import reply_for
 from edgepilot.errors import BusyError, CommandError, EdgepilotError
 from edgepilot.mqtt.outbox import OutMessage
 from edgepilot.mqtt.topics import Topics
-from edgepilot.serving.commands import NPZ_CONTENT_TYPE, infer_npz
+from edgepilot.serving.infer_command import NPZ_CONTENT_TYPE, infer_npz
 
 if TYPE_CHECKING:
     from edgepilot.lifecycle import Daemon

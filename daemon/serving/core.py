@@ -25,7 +25,7 @@ import numpy as np
 from edgepilot.backends.base import TensorSpec
 from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
-from edgepilot.dispatch.executor import CompiledPlan, SegmentFault
+from edgepilot.dispatch.execution.executor import CompiledPlan, SegmentFault
 from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.errors import (
     BackendError,

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-from edgepilot.dispatch.plan import device_of
+from edgepilot.dispatch.planning.plan import device_of
 from edgepilot.errors import BusyError, PlanError
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from edgepilot.backends import BACKENDS, load_backend
 from edgepilot.backends.base import Backend, BackendUnavailable, Segment, Target
 from edgepilot.config import Config
-from edgepilot.dispatch.tolerance import tensor_error
+from edgepilot.dispatch.measuring.tolerance import tensor_error
 from edgepilot.errors import EdgepilotError
 
 log = logging.getLogger(__name__)

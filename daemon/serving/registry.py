@@ -25,10 +25,10 @@ import psutil
 
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
-from edgepilot.backends.llamacpp import LlamaCppBackend, LlamaExecutable
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend, LlamaExecutable
 from edgepilot.config import Config, ModelEntry
 from edgepilot.dispatch.dispatcher import Dispatcher
-from edgepilot.dispatch.gguf_dispatch import GgufDispatch
+from edgepilot.dispatch.gguf.plans import GgufDispatch
 from edgepilot.errors import BackendError, ModelError, NotFoundError
 from edgepilot.formats import files
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info

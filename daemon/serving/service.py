@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgepilot.backends.backend_set import BackendSet
-from edgepilot.commands import NoParams
+from edgepilot.command_registry import NoParams
 from edgepilot.config import Config
 from edgepilot.errors import ConfigError, EdgepilotError
 from edgepilot.formats import files
-from edgepilot.serving.commands import register_infer
 from edgepilot.serving.core import Serving
 from edgepilot.serving.devices import DeviceQueues
 from edgepilot.serving.generate import Generator
+from edgepilot.serving.infer_command import register_infer
 from edgepilot.serving.probes import run_selftests, target_status
 from edgepilot.serving.registry import ModelRegistry
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgepilot.commands import NoParams
+from edgepilot.command_registry import NoParams
 from edgepilot.telemetry.metrics import TelemetryCollector
 from edgepilot.telemetry.sampler import TelemetrySampler
 

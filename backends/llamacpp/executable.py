@@ -1,0 +1,174 @@
+"""A loaded GGUF that runs one request at a time: llama-cpp-python's own generation on the
+llama.cpp thread, under the model's lock (``[backends.llamacpp] parallel = 1``, the default).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.base import Executable, Target, TensorSpec
+from edgepilot.backends.llamacpp.runtime import (
+    LLAMA_THREAD,
+    ThreadGovernor,
+    cancellable,
+    import_llama_cpp,
+    refused_as_bad_request,
+    usage_of,
+)
+from edgepilot.errors import BackendError
+from edgepilot.formats.gguf_info import GgufInfo
+
+
+class TokenStream:
+    """Chunks of one streamed generation; :attr:`usage` is set once they are exhausted.
+
+    Iterating holds the model's lock, so the counts read at the end belong to this stream.
+    """
+
+    def __init__(self, exe: LlamaExecutable, start: Callable[[], Iterator[Any]],
+                 empty_prompt: bool = False, field: str = "prompt") -> None:
+        self.field = field
+        self._exe = exe
+        self._start = start
+        self._empty_prompt = empty_prompt
+        self.usage: dict[str, int] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        exe = self._exe
+        with exe.lock:
+            exe.begin_request()
+            with refused_as_bad_request(self.field):
+                yield from LLAMA_THREAD.iterate(self._start)
+            self.usage = usage_of(exe.llm, empty_prompt=self._empty_prompt)
+            exe.end_request()
+
+
+class LlamaExecutable(Executable):
+    """A loaded GGUF: tensor ``run`` (tokens -> last logits) plus chat/completion calls.
+
+    Calls are serialised by an internal lock: one llama context must never run two requests.
+    """
+
+    n_ctx: int  # the context llama.cpp made (it pads the requested one)
+
+    def __init__(self, llm: Any, info: GgufInfo, target: Target, kv_type: str,
+                 n_gpu_layers: int) -> None:
+        self.llm = llm
+        self.info = info
+        self.target = target
+        self.n_ctx = int(llm.n_ctx())
+        self.kv_type = kv_type
+        self.n_gpu_layers = n_gpu_layers
+        self.n_threads = int(llm.n_threads)
+        self.governor: ThreadGovernor | None = None
+        self.lock = threading.Lock()
+        self.inputs = [TensorSpec("tokens", "int32", (None,))]
+        self.outputs = [TensorSpec("logits", "float32", (int(llm.n_vocab()),))]
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.info.estimate_bytes(self.n_ctx, self.kv_type)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate ``tokens`` from an empty context; return the last position's logits."""
+        if "tokens" not in inputs:
+            raise BackendError("GGUF models take one input 'tokens' (int32 token ids)",
+                               field="inputs")
+        tokens = [int(t) for t in np.asarray(inputs["tokens"]).reshape(-1)]
+        if not tokens or len(tokens) > self.n_ctx:
+            raise BackendError(f"'tokens' must hold 1..{self.n_ctx} ids", field="inputs.tokens")
+        llama_cpp = import_llama_cpp()
+        def last_logits() -> np.ndarray:
+            self.llm.reset()
+            self.llm.eval(tokens)
+            # llama-cpp-python keeps no scores without logits_all; read the last row directly
+            ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+            return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+
+        with self.lock:
+            logits = LLAMA_THREAD.call(last_logits)
+        return {"logits": logits}
+
+    @property
+    def executor(self) -> concurrent.futures.Executor:
+        """Where callers should run this model's calls (the llama.cpp thread: no hand-over)."""
+        return LLAMA_THREAD.executor
+
+    def set_threads(self, n_threads: int) -> None:
+        """Run with ``n_threads`` for decode *and* prompt batches from the next request on."""
+        with self.lock:
+            self._apply_threads(n_threads)
+
+    def _apply_threads(self, n_threads: int) -> None:
+        # llama-cpp-python otherwise prefills with every core whatever n_threads says, so a
+        # plan that chose fewer threads would only half apply
+        llama_cpp = import_llama_cpp()
+        llm = self.llm
+        llama_cpp.llama_set_n_threads(llm.ctx, n_threads, n_threads)
+        llm.n_threads = llm.n_threads_batch = n_threads
+        llm.context_params.n_threads = llm.context_params.n_threads_batch = n_threads
+        self.n_threads = n_threads
+
+    def begin_request(self) -> None:
+        """Under the lock, before a generation: the governor's thread count, fresh counters."""
+        if self.governor is not None:
+            n = self.governor.threads_for_request()
+            if n and n != self.n_threads:
+                self._apply_threads(n)
+        self.llm.sampled = []
+        self.llm.sample_times = []
+
+    def end_request(self) -> None:
+        """Under the lock, after a generation: tell the governor how fast it decoded (the
+        spacing of the sampled tokens after the first: decode + sampling, no prefill)."""
+        times = self.llm.sample_times
+        if self.governor is None or len(times) < 2:
+            return
+        ms = (times[-1] - times[0]) * 1e3 / (len(times) - 1)
+        self.governor.observed(self.n_threads, ms, len(times) - 1)
+
+    def tokenize(self, text: str) -> list[int]:
+        with self.lock:
+            return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def chat(self, messages: list[dict[str, Any]], *, cancel: threading.Event | None = None,
+             **params: Any) -> Any:
+        """llama-cpp-python's ``create_chat_completion``: a dict, or (``stream=True``) a
+        :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count. Setting ``cancel``
+        ends the generation at the next token (finish_reason "stop")."""
+        params = cancellable(params, cancel, int(self.llm.token_eos()))
+        if params.get("stream"):
+            return TokenStream(self, functools.partial(
+                self.llm.create_chat_completion, messages=messages, **params), field="messages")
+        with self.lock, refused_as_bad_request("messages"):
+            self.begin_request()
+            out = LLAMA_THREAD.call(self.llm.create_chat_completion, messages=messages,
+                                    **params)
+            self.end_request()
+            return out
+
+    def complete(self, prompt: str, *, cancel: threading.Event | None = None,
+                 **params: Any) -> Any:
+        """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`);
+        ``cancel`` as for :meth:`chat`."""
+        params = cancellable(params, cancel, int(self.llm.token_eos()))
+        if params.get("stream"):
+            return TokenStream(self, functools.partial(
+                self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)
+        with self.lock, refused_as_bad_request("prompt"):
+            self.begin_request()
+            out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
+            self.end_request()
+            return out
+
+    def close(self) -> None:
+        with self.lock:
+            close = getattr(self.llm, "close", None)
+            if close is not None:
+                LLAMA_THREAD.call(close)

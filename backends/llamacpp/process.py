@@ -1,0 +1,117 @@
+"""One life of a llama.cpp worker process, as the daemon sees it: the generic worker link
+(:mod:`..workers.link`: the child, the connection, the requests in flight, how it died) plus what
+llama.cpp adds — streamed answers, calls by method name, and the step guard: each decode step
+the worker asks for runs while the daemon holds the device (see :mod:`.worker`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from edgepilot.backends.workers.exits import WorkerCrashed
+from edgepilot.backends.workers.link import WorkerLink
+from edgepilot.errors import BackendError
+
+# how long loading may take (a model on a slow SD card, a big GPU offload) before it is killed
+LOAD_TIMEOUT_S = 600.0
+StepGuard = Callable[[], AbstractContextManager[None]]
+RUNTIME = "llama.cpp"  # as a crash names it: "SIGSEGV: a crash in llama.cpp"
+__all__ = ["StepGuard", "WorkerCrashed", "WorkerProcess"]
+
+
+class WorkerProcess(WorkerLink):
+    """A started llama.cpp worker with the model loaded (the constructor waits for it), or an
+    error: the generic link plus streamed answers and the per-step device guard."""
+
+    def __init__(self, model: str, options: dict[str, Any], guard: Callable[[], StepGuard | None],
+                 on_death: Callable[[WorkerProcess], None]) -> None:
+        self._guard = guard
+        # before the link starts its reader: a step may be asked for at once
+        self._steps: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._step_done: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._guard_thread: threading.Thread | None = None
+        super().__init__("llamacpp", model, options, on_death, runtime=RUNTIME,
+                         load_timeout_s=LOAD_TIMEOUT_S)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def request(self, method: str, kwargs: dict[str, Any]
+                ) -> tuple[int, queue.SimpleQueue[tuple[Any, ...]]]:
+        """Start ``method`` in the worker; its answers arrive on the returned queue."""
+        answers: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        with self._lock:
+            if self.fault is not None:
+                raise self.fault
+            rid = next(self._ids)
+            self.pending[rid] = answers
+        try:
+            self.send(("call", rid, method, kwargs))
+        except (TypeError, AttributeError, pickle.PicklingError) as exc:
+            # pickling refused a parameter (a callable such as a logits processor)
+            self.forget(rid)
+            raise BackendError(
+                f"a {method} parameter cannot be sent to the model's worker process ({exc}); "
+                "only plain data crosses it — or set [backends.llamacpp] isolation = "
+                "'thread'", field="params") from None
+        except BaseException:
+            self.forget(rid)
+            raise
+        return rid, answers
+
+    def forget(self, rid: int) -> None:
+        with self._lock:
+            self.pending.pop(rid, None)
+
+    def call_method(self, method: str, **kwargs: Any) -> Any:
+        """``method`` in the worker, waited for: its value, or its error raised here."""
+        rid, answers = self.request(method, kwargs)
+        try:
+            msg = answers.get()
+        finally:
+            self.forget(rid)
+        if msg[0] == "result":
+            return msg[1]
+        raise msg[1]
+
+    # ---- the reader's own messages -------------------------------------------------------------
+    def _route(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "step":
+            self._start_guard()
+            self._steps.put(msg[1])
+        elif msg[0] == "step_done":
+            self._step_done.put(msg[1])
+        else:
+            super()._route(msg)
+
+    def _after_death(self) -> None:
+        self._steps.put(None)
+        self._step_done.put(None)
+
+    # ---- step guard ----------------------------------------------------------------------------
+    def _start_guard(self) -> None:
+        if self._guard_thread is None:
+            self._guard_thread = threading.Thread(target=self._hold_steps, daemon=True,
+                                                  name=f"llama-worker-{self.pid}-steps")
+            self._guard_thread.start()
+
+    def _hold_steps(self) -> None:
+        """Each decode step the worker asks for runs while this thread holds the parent's step
+        guard (the serving layer's device): take it, say go, give it back when the worker says
+        the step is done (or dies)."""
+        while True:
+            token = self._steps.get()
+            if token is None:
+                return
+            factory = self._guard()
+            with factory() if factory is not None else contextlib.nullcontext():
+                try:
+                    self.send(("step_go", token))
+                except WorkerCrashed:
+                    return
+                if self._step_done.get() is None:
+                    return

@@ -1,0 +1,203 @@
+"""The llama.cpp worker process: one served GGUF outside the daemon.
+
+Started by the daemon as ``edgepilot worker llamacpp <model> --fd N`` (see
+:mod:`.proxy`), it loads the model with the options the daemon sends first — the same
+:meth:`LlamaCppBackend.open` the in-process path uses — and serves the executable's calls over
+the connection on fd ``N``. Messages are tuples of plain data (pickled by
+:mod:`multiprocessing.connection`):
+
+parent -> worker: ``("open", options)`` once, then ``("call", rid, method, kwargs)``,
+``("cancel", rid)``, ``("guard", on)``, ``("step_go", token)``, ``("close",)``.
+
+worker -> parent: ``("ready", facts)`` or ``("failed", error)``, then per request
+``("chunk", rid, chunk)``\\*, ``("result", rid, value, observed)`` or ``("error", rid, error)``;
+``("step", token)`` / ``("step_done", token)`` around each decode step of a parallel model
+while the parent's step guard is on (the parent holds its device for that step).
+
+The worker ends when the daemon closes the connection or dies (the kernel closes a killed
+daemon's end: EOF), so no worker outlives its daemon. (Not PR_SET_PDEATHSIG: Linux sends it
+when the *thread* that started the worker ends, and a restart starts it from a passing thread.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from edgepilot.backends.llamacpp.executable import LlamaExecutable
+from edgepilot.backends.llamacpp.options import LlamacppSection
+from edgepilot.backends.llamacpp.runtime import LLAMA_THREAD
+from edgepilot.backends.workers.exits import error_data
+from edgepilot.errors import EdgepilotError
+
+log = logging.getLogger(__name__)
+
+
+class RelayGovernor:
+    """The parent's thread governor as the worker sees it: the thread count the parent chose
+    for the request (per request thread; the latest one between parallel steps) and the decode
+    speed observed, kept for the request's answer."""
+
+    def __init__(self, threads: int | None) -> None:
+        self.latest = threads
+        self.local = threading.local()
+
+    def threads_for_request(self) -> int | None:
+        return getattr(self.local, "threads", None) or self.latest
+
+    def observed(self, n_threads: int, decode_ms_per_token: float, tokens: int) -> None:
+        self.local.observed = (n_threads, decode_ms_per_token, tokens)
+
+
+class Worker:
+    """The serving loop of one worker: calls run in threads, answers go out under a lock."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.send_lock = threading.Lock()
+        self.exe: LlamaExecutable | None = None
+        self.governor = RelayGovernor(None)
+        self.cancels: dict[int, threading.Event] = {}
+        self.steps: dict[int, threading.Event] = {}
+        self.step_token = 0
+        self.step_lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self.send_lock:
+            self.conn.send(msg)
+
+    def open(self, options: dict[str, Any]) -> None:
+        # imported here: llamacpp imports the batch engine and the parallel executable
+        from edgepilot.backends.llamacpp.backend import LlamaCppBackend
+
+        backend = LlamaCppBackend(LlamacppSection(**options["settings"]))
+        exe = backend.open(Path(options["path"]), n_ctx=options["n_ctx"],
+                           n_gpu_layers=options["n_gpu_layers"], parallel=options["parallel"])
+        if options.get("threads"):
+            exe.set_threads(int(options["threads"]))
+        self.governor.latest = options.get("threads")
+        exe.governor = self.governor
+        self.exe = exe
+        self.set_guard(bool(options.get("guard")))
+        self.send(("ready", {
+            "pid": os.getpid(), "n_ctx": exe.n_ctx, "n_threads": exe.n_threads,
+            "n_gpu_layers": exe.n_gpu_layers, "max_concurrency": exe.max_concurrency,
+            "target": str(exe.target), "memory_bytes": exe.memory_bytes,
+            "n_vocab": exe.outputs[0].shape[0]}))
+
+    def set_guard(self, on: bool) -> None:
+        assert self.exe is not None
+        self.exe.step_guard = self.remote_step if on and self.exe.max_concurrency > 1 else None
+
+    @contextlib.contextmanager
+    def remote_step(self) -> Iterator[None]:
+        """One decode step held under the parent's step guard: ask, wait for the go, step,
+        say done (the parent then gives its device back)."""
+        with self.step_lock:
+            self.step_token += 1
+            token = self.step_token
+            go = self.steps[token] = threading.Event()
+        self.send(("step", token))
+        go.wait()
+        try:
+            yield
+        finally:
+            self.send(("step_done", token))
+
+    def serve(self) -> int:
+        """Read messages until the parent closes the connection; 0 on a clean close."""
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return 0  # the daemon went away: nothing left to serve
+            kind = msg[0]
+            if kind == "open":
+                try:
+                    self.open(msg[1])
+                except Exception as exc:
+                    self.send(("failed", error_data(exc)))
+                    return 1
+            elif kind == "call":
+                self.start(msg[1], msg[2], msg[3])
+            elif kind == "cancel":
+                event = self.cancels.get(msg[1])
+                if event is not None:
+                    event.set()
+            elif kind == "step_go":
+                with self.step_lock:
+                    go = self.steps.pop(msg[1], None)
+                if go is not None:
+                    go.set()
+            elif kind == "guard":
+                self.set_guard(bool(msg[1]))
+            elif kind == "close":
+                if self.exe is not None:
+                    self.exe.close()
+                return 0
+
+    def start(self, rid: int, method: str, kwargs: dict[str, Any]) -> None:
+        assert self.exe is not None
+        self.cancels[rid] = threading.Event()
+        if self.exe.max_concurrency == 1 and method in ("chat", "complete"):
+            # one request at a time: run it on the llama.cpp thread itself, so that no token
+            # is handed between threads inside the worker (see LlamaThread)
+            LLAMA_THREAD.executor.submit(self.handle, rid, method, kwargs)
+        else:
+            threading.Thread(target=self.handle, args=(rid, method, kwargs), daemon=True,
+                             name=f"request-{rid}").start()
+
+    def handle(self, rid: int, method: str, kwargs: dict[str, Any]) -> None:
+        exe = self.exe
+        assert exe is not None
+        cancel = self.cancels[rid]
+        self.governor.local.threads = kwargs.pop("threads", None)
+        if self.governor.local.threads:
+            self.governor.latest = self.governor.local.threads
+        self.governor.local.observed = None
+        try:
+            if method in ("chat", "complete"):
+                arg = kwargs.pop("messages" if method == "chat" else "prompt")
+                out = getattr(exe, method)(arg, cancel=cancel, **kwargs)
+                if kwargs.get("stream"):
+                    for chunk in out:
+                        self.send(("chunk", rid, chunk))
+                    out = out.usage
+                value: Any = out
+            elif method == "tokenize":
+                value = exe.tokenize(kwargs["text"])
+            elif method == "run":
+                value = exe.run(kwargs["inputs"])
+            elif method == "set_threads":
+                exe.set_threads(int(kwargs["n_threads"]))
+                value = exe.n_threads
+            else:
+                raise EdgepilotError(f"unknown worker call {method!r}")
+            self.send(("result", rid, value, self.governor.local.observed))
+        except Exception as exc:
+            self.send(("error", rid, error_data(exc)))
+        finally:
+            self.cancels.pop(rid, None)
+
+
+def main(fd: int) -> int:
+    """Serve the connection on ``fd`` (inherited from the daemon) until it closes."""
+    # the daemon's Ctrl-C reaches the whole process group: the daemon decides when we stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = Worker(Connection(fd))
+    rc = 1
+    try:
+        rc = worker.serve()
+    finally:
+        # leave at once: llama.cpp's threads and a generation in flight need no goodbye
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)

@@ -1,0 +1,1 @@
+"""Running a plan and watching it: the executor, drift monitor, target recovery."""

@@ -1,0 +1,1 @@
+"""Cutting a model into layers per format, input-shape signatures, realistic sample inputs."""

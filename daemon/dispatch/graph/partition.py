@@ -1,0 +1,255 @@
+"""Cut a model into layers: contiguous node ranges at points where few tensors cross.
+
+Nodes are taken in topological (file) order. After each node the *live set* is the set of
+non-constant tensors produced so far (or fed in) that a later node or the model output still
+needs; a cut is allowed where the live set is as small as the graph gets (one tensor in a chain
+or after a residual Add), side tensors a fraction of the main activation's size (masks,
+positions) not counted. Tiny layers are then coalesced with a neighbour, because a layer that
+takes less time than a hop between runtimes can never pay for moving it.
+
+Each :class:`Layer` carries FLOPs, weight bytes, boundary bytes and op types: the features the
+cost model predicts from. :class:`Partition` turns a layer range into a backend ``Segment``; the
+full range is the whole model, so an all-one-target plan compiles exactly the original file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.base import Backend, ModelKind, Segment, Target
+from edgepilot.errors import ModelError, PlanError
+from edgepilot.formats import files
+from edgepilot.formats.graph_node import Node
+
+# TFLite operators that keep state across invocations inside the interpreter
+STATEFUL_TFLITE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
+
+
+@dataclass
+class Layer:
+    """A contiguous range of nodes ``[start, end)`` with the features the cost model uses."""
+
+    index: int
+    name: str
+    start: int
+    end: int
+    op_types: list[str]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flops: int
+    weight_bytes: int
+    in_bytes: int
+    out_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Partition:
+    """A model's layers plus what is needed to build segments from layer ranges."""
+
+    model_path: Path
+    kind: ModelKind
+    model_hash: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    layers: list[Layer]
+    nodes: list[Node] = field(default_factory=list, repr=False)
+    tensor_bytes: dict[str, int] = field(default_factory=dict, repr=False)
+    # the input shapes the layers were cut and sized for, and the file partial segments are
+    # cut from (an ONNX copy annotated for those shapes; the model file itself for TFLite)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    graph_path: Path | None = None
+
+    def segment(self, start: int, end: int) -> Segment:
+        """The segment running layers ``[start, end)``; the full range is the whole model."""
+        if not 0 <= start < end <= len(self.layers):
+            raise PlanError(f"layer range [{start}, {end}) outside 0..{len(self.layers)}",
+                            field="layers")
+        name = f"{self.model_path.stem}[{start}:{end}]"
+        if start == 0 and end == len(self.layers):
+            return Segment(self.model_path, self.kind, self.inputs, self.outputs, None, name)
+        ins, outs = range_io(self.nodes, self.layers[start].start, self.layers[end - 1].end,
+                             self.outputs)
+        return Segment(self.graph_path or self.model_path, self.kind, ins, outs, (start, end),
+                       name)
+
+    def boundary_bytes(self, i: int) -> int:
+        """Bytes crossing the cut before layer ``i`` (0 < i < len(layers))."""
+        return self.layers[i].in_bytes
+
+
+def range_io(nodes: Sequence[Node], s: int, e: int,
+             graph_outputs: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Tensors nodes ``[s, e)`` read from outside, and those they make that are needed later.
+
+    The executor keeps every produced tensor until the request ends, so a tensor that skips
+    over a range is neither its input nor its output.
+    """
+    produced: set[str] = set()
+    ins: list[str] = []
+    for n in nodes[s:e]:
+        ins.extend(t for t in n.inputs if t not in produced and t not in ins)
+        produced.update(n.outputs)
+    later = {t for n in nodes[e:] for t in n.inputs} | set(graph_outputs)
+    outs = [t for n in nodes[s:e] for t in n.outputs if t in later]
+    return tuple(ins), tuple(outs)
+
+
+def live_sets(nodes: Sequence[Node], graph_outputs: Sequence[str]) -> list[set[str]]:
+    """``live[k]`` = tensors crossing the cut after node ``k``."""
+    last_use: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for t in node.inputs:
+            last_use[t] = k
+    end = len(nodes)
+    for t in graph_outputs:
+        last_use[t] = end
+    live: set[str] = set()
+    out: list[set[str]] = []
+    for k, node in enumerate(nodes):
+        live.update(t for t in node.inputs if last_use.get(t, -1) > k)
+        live.update(t for t in node.outputs if last_use.get(t, -1) > k)
+        live = {t for t in live if last_use.get(t, -1) > k}
+        out.append(set(live))
+    return out
+
+
+def crossing(live: set[str], tensor_bytes: dict[str, int]) -> int:
+    """How many tensors really cross a cut: small side tensors that travel along the whole
+    graph (an attention mask, positions, shape values) are not counted next to the main
+    activation, or an encoder would have no cut between its blocks; a tensor counts when it
+    is at least a quarter of the largest one crossing."""
+    sizes = [tensor_bytes.get(t, 0) for t in live]
+    if not sizes:
+        return 0
+    biggest = max(sizes)
+    return sum(1 for b in sizes if 4 * b >= biggest) if biggest else len(sizes)
+
+
+def build_layers(nodes: Sequence[Node], graph_inputs: Sequence[str],
+                 graph_outputs: Sequence[str], tensor_bytes: dict[str, int],
+                 min_layer_flops: int | None = None, max_layers: int = 48) -> list[Layer]:
+    """Cut ``nodes`` at minimal live sets, then coalesce layers below ``min_layer_flops``.
+
+    ``min_layer_flops`` defaults to 1% of the model's FLOPs; it is raised until at most
+    ``max_layers`` layers remain (profiling time grows with the layer count).
+    """
+    if not nodes:
+        raise PlanError("the model has no operators to partition", field="model")
+    live = [crossing(s, tensor_bytes) for s in live_sets(nodes, graph_outputs)]
+    floor = min(live[:-1]) if len(nodes) > 1 else 1
+    cuts = [k + 1 for k in range(len(nodes) - 1) if live[k] <= max(1, floor)]
+    bounds = [0, *cuts, len(nodes)]
+    ranges = list(itertools.pairwise(bounds))
+    total = sum(n.flops for n in nodes)
+    threshold = min_layer_flops if min_layer_flops is not None else max(1, total // 100)
+    ranges = _coalesce(ranges, nodes, threshold)
+    while len(ranges) > max_layers:
+        threshold *= 2
+        ranges = _coalesce(ranges, nodes, threshold)
+    layers: list[Layer] = []
+    for idx, (s, e) in enumerate(ranges):
+        ins, outs = range_io(nodes, s, e, graph_outputs)
+        chunk = nodes[s:e]
+        ops = [n.op for n in chunk]
+        main = max(chunk, key=lambda n: n.flops)
+        layers.append(Layer(
+            index=idx, name=f"L{idx}:{main.op}:{main.name}", start=s, end=e, op_types=ops,
+            inputs=ins, outputs=outs, flops=sum(n.flops for n in chunk),
+            weight_bytes=sum(n.weight_bytes for n in chunk),
+            in_bytes=sum(tensor_bytes.get(t, 0) for t in ins),
+            out_bytes=sum(tensor_bytes.get(t, 0) for t in outs)))
+    return layers
+
+
+def _coalesce(ranges: list[tuple[int, int]], nodes: Sequence[Node],
+              threshold: int) -> list[tuple[int, int]]:
+    """Merge every range under ``threshold`` FLOPs into its lighter neighbour, lightest first."""
+    ranges = list(ranges)
+
+    def flops(r: tuple[int, int]) -> int:
+        return sum(n.flops for n in nodes[r[0]:r[1]])
+
+    while len(ranges) > 1:
+        costs = [flops(r) for r in ranges]
+        i = min(range(len(ranges)), key=lambda j: costs[j])
+        if costs[i] >= threshold:
+            break
+        if i == 0:
+            j = 1
+        elif i == len(ranges) - 1:
+            j = i - 1
+        else:
+            j = i - 1 if costs[i - 1] <= costs[i + 1] else i + 1
+        a, b = sorted((i, j))
+        ranges[a:b + 1] = [(ranges[a][0], ranges[b][1])]
+    return ranges
+
+
+def partition(path: Path, kind: ModelKind | None = None, *,
+              shapes: Mapping[str, tuple[int, ...]] | None = None,
+              cache_dir: Path | None = None,
+              feed: Mapping[str, np.ndarray] | None = None,
+              min_layer_flops: int | None = None, max_layers: int = 48) -> Partition:
+    """Partition an ONNX or TFLite file into layers (kind from the extension when None).
+
+    ``shapes`` are the plan's concrete input shapes (default: the file's own, which must then
+    be fixed). ONNX graphs are first made concrete for them (written under ``cache_dir``; a
+    temporary directory when None), ``feed`` being one realistic input of those shapes for
+    graphs whose tensor shapes only a run can tell.
+    """
+    path = Path(path)
+    if kind is None:
+        kind = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}.get(path.suffix.lower())
+    digest = files.sha256_of(path)
+    graph_path: Path | None = None
+    if kind == "onnx":
+        from edgepilot.dispatch.graph.onnx_layers import nodes_of
+        from edgepilot.dispatch.graph.onnx_shapes import concrete_graph
+        from edgepilot.formats.io import tensor_specs
+
+        if shapes is None:
+            from edgepilot.dispatch.graph.signature import resolve_shapes
+
+            try:
+                specs = tensor_specs(path, "onnx")[0]
+            except ModelError as exc:
+                raise PlanError(exc.message, field="model") from None
+            shapes = resolve_shapes(path.stem, specs, {})
+        if cache_dir is None:
+            cache_dir = Path(tempfile.mkdtemp(prefix="edgepilot-graphs-"))
+        graph = concrete_graph(path, digest, dict(shapes), cache_dir, feed)
+        graph_path = graph.path
+        nodes, ins, outs, sizes = nodes_of(graph.load(), graph.tensors)
+    elif kind == "tflite":
+        from edgepilot.dispatch.graph.tflite_layers import default_shapes, read_tflite
+
+        shapes = dict(shapes) if shapes else default_shapes(path)
+        nodes, ins, outs, sizes = read_tflite(path, shapes)
+        if any(n.op in STATEFUL_TFLITE_OPS for n in nodes):
+            # resource variables live in one interpreter and CALL_ONCE initialises them all:
+            # a streaming model runs whole, and the plan picks its best target
+            max_layers = 1
+    else:
+        raise PlanError(f"{path.name}: per-layer planning covers ONNX and TFLite models; "
+                        f"allowed extensions: .onnx, .tflite (GGUF is planned by n_gpu_layers)",
+                        field="model")
+    layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
+    return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
+                     list(nodes), sizes, dict(shapes or {}), graph_path)
+
+
+def covers_any(backend: Backend, part: Partition, target: Target) -> bool:
+    """Whether ``target`` runs the whole model or at least one of its layers."""
+    if backend.supports(part.segment(0, len(part.layers)), target):
+        return True
+    return any(backend.supports(part.segment(i, i + 1), target) for i in range(len(part.layers)))

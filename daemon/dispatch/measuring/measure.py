@@ -1,0 +1,254 @@
+"""Measure every supported (layer, target) on this board: latency and error vs fp32.
+
+For each calibration input the fp32 reference target runs the layers in order, which gives
+every boundary tensor's reference value. Each (layer, target) is then compiled, fed the
+reference inputs of that layer, warmed up, timed (median of N) and its outputs compared with the
+reference outputs in the tolerance metric. Hops are measured too: per target, the per-call
+overhead is what splitting two adjacent layers into two calls costs over one merged call, and
+the bandwidth is that of handing a boundary-sized tensor over in host memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.measuring.tolerance import output_error
+from edgepilot.errors import EdgepilotError, PlanError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Cell:
+    """One (layer, target) measurement; ``ms`` None = not supported (``reason`` says why)."""
+
+    ms: float | None
+    error: float | None = None
+    memory: int = 0
+    reason: str = ""
+
+
+@dataclass
+class LatencyTable:
+    """All measurements of one model on one board, serialisable into the plan cache."""
+
+    targets: list[str]
+    reference: str
+    cells: list[dict[str, Cell]]
+    overhead_ms: dict[str, float]
+    bandwidth_bytes_per_ms: float
+    freqs: dict[str, float] = field(default_factory=dict)  # device -> kHz when measured
+    metric: str = "rel_l2"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cells"] = [{t: asdict(c) for t, c in row.items()} for row in self.cells]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LatencyTable:
+        data = dict(data)
+        data["cells"] = [{t: Cell(**c) for t, c in row.items()} for row in data["cells"]]
+        return cls(**data)
+
+
+# short layers get more timed runs: at least this much timed wall time, at most MAX_RUNS runs
+MIN_TIMED_MS = 3.0
+MAX_RUNS = 300
+
+
+def median_ms(fn: Callable[[], object], runs: int, warmup: int,
+              min_total_ms: float = 0.0) -> float:
+    """Median wall time of ``fn`` in ms after ``warmup`` untimed calls.
+
+    ``min_total_ms`` adds runs (up to MAX_RUNS) until that much time was timed: a 20 µs layer
+    timed 7 times is mostly timer and scheduler noise, timed 150 times its median is stable.
+    """
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    want = max(1, runs)
+    while len(times) < want:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) == want and min_total_ms > 0:
+            total_ms = sum(times) * 1e3
+            if total_ms < min_total_ms:
+                per = total_ms / len(times)
+                want = min(MAX_RUNS, max(want, int(min_total_ms / max(per, 1e-6)) + 1))
+    return statistics.median(times) * 1e3
+
+
+def copy_bandwidth(nbytes: int = 4 << 20, runs: int = 7) -> float:
+    """Host-memory bytes per ms for handing a tensor over (one copy, the worst case here)."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    ms = median_ms(lambda: np.copyto(dst, src), runs, 1)
+    return nbytes / max(ms, 1e-6)
+
+
+class Measurer:
+    """Times a partition's layers on targets; see the module docstring for the method."""
+
+    def __init__(self, part: Partition, backends: Mapping[str, Backend], targets: list[Target],
+                 reference: Target, calibration: list[dict[str, np.ndarray]], *,
+                 runs: int = 7, warmup: int = 2, metric: str = "rel_l2",
+                 progress: Progress | None = None, passes: int = 2) -> None:
+        if not calibration:
+            raise PlanError("profiling needs at least one calibration input", field="calibration")
+        self.part = part
+        self.backends = backends
+        self.targets = targets
+        self.reference = reference
+        self.calibration = calibration
+        self.runs = runs
+        self.warmup = warmup
+        self.metric = metric
+        self.progress = progress
+        self.passes = max(1, passes)
+        self._ref_envs: list[dict[str, np.ndarray]] | None = None
+
+    def compile(self, start: int, end: int, target: Target) -> Executable:
+        backend = self.backends.get(target.backend)
+        if backend is None:
+            raise PlanError(f"backend {target.backend!r} is not loaded", field="targets")
+        return backend.compile(self.part.segment(start, end), target)
+
+    def reference_envs(self) -> list[dict[str, np.ndarray]]:
+        """Every tensor of the fp32 reference run, per calibration input."""
+        if self._ref_envs is None:
+            exes = [self.compile(i, i + 1, self.reference) for i in range(len(self.part.layers))]
+            envs = []
+            for feed in self.calibration:
+                env = dict(feed)
+                for exe in exes:
+                    env.update(exe.run(env))
+                envs.append(env)
+            for exe in exes:
+                exe.close()
+            self._ref_envs = envs
+        return self._ref_envs
+
+    def measure(self, start: int, end: int, target: Target) -> Cell:
+        """Compile layers ``[start, end)`` on ``target``, time it and measure its error."""
+        backend = self.backends[target.backend]
+        seg = self.part.segment(start, end)
+        support = backend.supports(seg, target)
+        if not support:
+            return Cell(None, reason=support.reason or "not supported")
+        try:
+            exe = backend.compile(seg, target)
+        except EdgepilotError as exc:
+            return Cell(None, reason=exc.message)
+        try:
+            envs = self.reference_envs()
+            names = seg.outputs
+            err = 0.0
+            for env in envs:
+                out = exe.run(env)
+                err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
+            feed = envs[0]
+            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS)
+            return Cell(ms, err, exe.memory_bytes)
+        except EdgepilotError as exc:
+            return Cell(None, reason=exc.message)
+        finally:
+            exe.close()
+
+    def retime(self, start: int, end: int, target: Target, cell: Cell) -> None:
+        """Time ``[start, end)`` again (fresh session) and keep the faster of the two medians.
+
+        Load from other processes only ever adds time, and on a shared board it comes and goes
+        in spells of seconds: the lower of two medians taken seconds apart is the layer's cost
+        with one spell fewer in it.
+        """
+        if cell.ms is None:
+            return
+        exe = self.compile(start, end, target)
+        try:
+            feed = self.reference_envs()[0]
+            cell.ms = min(cell.ms, median_ms(lambda: exe.run(feed), self.runs, self.warmup,
+                                             MIN_TIMED_MS))
+        finally:
+            exe.close()
+
+    def table(self) -> LatencyTable:
+        """Measure every (layer, target), the per-target overheads and the hop bandwidth.
+
+        Layers and whole models are timed in ``passes`` passes over all cells (the first one
+        also measures the errors); each cell keeps its lowest median (see :meth:`retime`).
+        """
+        n = len(self.part.layers)
+        names = [str(t) for t in self.targets]
+        total = n * len(self.targets) * self.passes + 2 * len(self.targets)
+        done = 0
+        self.reference_envs()
+        cells: list[dict[str, Cell]] = []
+        for i, layer in enumerate(self.part.layers):
+            row: dict[str, Cell] = {}
+            for target in self.targets:
+                row[str(target)] = self.measure(i, i + 1, target)
+                done += 1
+                if self.progress:
+                    self.progress(done, total, f"{layer.name} on {target}")
+            cells.append(row)
+        for _ in range(1, self.passes):
+            for i, row in enumerate(cells):
+                for target in self.targets:
+                    self.retime(i, i + 1, target, row[str(target)])
+                    done += 1
+                    if self.progress:
+                        self.progress(done, total, f"{self.part.layers[i].name} on {target} "
+                                      "(again)")
+        overhead: dict[str, float] = {}
+        for target in self.targets:
+            overhead[str(target)] = self.measure_overhead(target, cells)
+            done += 1
+            if self.progress:
+                self.progress(done, total, f"hop overhead of {target}")
+        # each target's whole model, timed end to end: how a compiled segment compares with
+        # the sum of its layers (fusion, cache) is calibrated from these (see calibration.py)
+        whole_cells: dict[str, Cell] = {}
+        for target in self.targets:
+            whole_cells[str(target)] = self.measure(0, n, target) if n > 1 \
+                else cells[0][str(target)]
+            done += 1
+            if self.progress:
+                self.progress(done, total, f"whole model on {target}")
+        for _ in range(1, self.passes if n > 1 else 1):
+            for target in self.targets:
+                self.retime(0, n, target, whole_cells[str(target)])
+        whole = {t: c.ms for t, c in whole_cells.items() if c.ms is not None}
+        whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
+        return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
+                            metric=self.metric,
+                            extra={"whole_ms": whole, "whole_error": whole_error})
+
+    def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
+        """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""
+        key = str(target)
+        pairs = []
+        for i in range(len(cells) - 1):
+            a, b = cells[i][key].ms, cells[i + 1][key].ms
+            if a is not None and b is not None:
+                pairs.append((a + b, i))
+        estimates = []
+        for _, i in sorted(pairs)[:2]:
+            merged = self.measure(i, i + 2, target)
+            a, b = cells[i][key].ms, cells[i + 1][key].ms
+            if merged.ms is not None and a is not None and b is not None:
+                estimates.append(min(max(a + b - merged.ms, 0.0), min(a, b)))
+        return statistics.median(estimates) if estimates else 0.0

@@ -1,0 +1,1 @@
+"""From timings to a plan: cost model, kernel corpus, dynamic-programming planner, plan cache."""
