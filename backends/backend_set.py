@@ -25,16 +25,17 @@ class BackendSet:
     ``enabled`` limits which may load (None: all installed)."""
 
     def __init__(self, options: Callable[[str], Any], enabled: list[str] | None,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, *,
+                 emit: Callable[..., object] | None = None) -> None:
+        """``emit``: where worker faults and restarts of isolated tensor backends are reported
+        (the daemon's event bus)."""
         self.options = options
         self.enabled = enabled
         self.cache_dir = cache_dir
+        self.emit = emit
         self._built: dict[str, Backend | None] = {}
         self._errors: dict[str, str] = {}
         self._lock = threading.Lock()
-        # where worker faults and restarts of isolated tensor backends are reported (the
-        # daemon's event bus; set after construction by the serving layer)
-        self.emit: Callable[..., Any] | None = None
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.emit is not None:

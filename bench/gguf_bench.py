@@ -47,10 +47,8 @@ import llama_cpp
 
 from edgepilot.config import parse_config
 from edgepilot.dispatch.gguf.select import thread_candidates
-from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.formats import files, gguf_info
 from edgepilot.lifecycle import Daemon
-from edgepilot.serving.service import attach as attach_models
 
 N_CTX = 2048
 # decode comparisons, interleaved in this order (reversed every other round)
@@ -85,8 +83,7 @@ def registry_daemon(state: Path, models: Path) -> Daemon:
                         "mqtt": {"enabled": False}, "backends": {"llamacpp": {"n_ctx": N_CTX}},
                         "dispatch": {"gguf_prompt_tokens": 8, "gguf_decode_tokens": 4}})
     d = Daemon(cfg)
-    attach_models(d)
-    attach_dispatch(d)
+    d.attach_capabilities({"serving", "dispatch"})
     return d
 
 

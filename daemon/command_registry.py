@@ -1,6 +1,7 @@
 """Commands shared by HTTP and MQTT: one registry, one validation, one error shape.
 
-A capability registers a verb with a pydantic params model and an async handler. Transports call
+A capability registers a verb with a pydantic params model and an async handler, a closure over
+the component it drives (``handler(params)``). Transports call
 :meth:`CommandRegistry.execute` and turn the result into ``{"ok": true, "result": ...}`` or the
 exception into ``{"ok": false, "error": {"code", "message", "field"}}`` via :func:`reply_for`.
 """
@@ -10,14 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +26,8 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Handler = Callable[["Daemon", Any], Awaitable[Any]]
+# the verb's validated params (an instance of its params model) -> the result's plain data
+Handler = Callable[[Any], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,10 @@ class CommandRegistry:
             raise validation_to_command_error(exc) from None
         return cmd, params
 
-    async def execute(self, daemon: Daemon, verb: str, payload: Any) -> Any:
+    async def execute(self, verb: str, payload: Any) -> Any:
+        """Validate ``payload`` for ``verb`` and run its handler."""
         cmd, params = self.validate(verb, payload)
-        return await cmd.handler(daemon, params)
+        return await cmd.handler(params)
 
 
 def validation_to_command_error(exc: ValidationError, prefix: str = "") -> CommandError:

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import socket
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -317,6 +318,11 @@ class Config(Section):
     @property
     def model_dir(self) -> Path:
         return self.daemon.model_dir or self.state_dir / "models"
+
+
+# The config in force, read when a component acts: SIGHUP replaces it as a whole, so a
+# component handed this reads the reloaded file from then on.
+ConfigSource = Callable[[], Config]
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -1,14 +1,14 @@
 """The daemon: one asyncio loop, services started in order and stopped in reverse.
 
-This is the composition root. Capabilities are attached in :meth:`Daemon.attach_capabilities`,
-written out in order: each ``attach(daemon) -> list[Service]`` builds its component with its
-real type (``daemon.board``, ``daemon.serving`` ...), registers its commands on
-``daemon.commands`` and returns the services to start; the few links between components that
-are made after both exist (the dispatcher into the registry and the serving layer) are made
-there too, in plain sight. HTTP starts first (so
-``/healthz`` answers during start-up, ``/readyz`` says why it is not ready yet), READY=1 is sent
-once every service started. SIGTERM/SIGINT stop intake, drain with a deadline, stop services in
-reverse order and exit 0; SIGHUP reloads the config (an invalid one is kept out and logged).
+This is the composition root, and only the entry points import it.
+:meth:`Daemon.attach_capabilities` builds every component, in the order their constructors
+need them, handing each the typed collaborators it uses; each capability's ``attach(...)``
+registers its commands (closures over its component) and returns what it built, which the
+daemon keeps. Services start in a fixed order of their own (stop is the reverse). HTTP starts
+first (so ``/healthz`` answers during start-up, ``/readyz`` says why it is not ready yet),
+READY=1 is sent once every service started. SIGTERM/SIGINT stop intake, drain with a
+deadline, stop services in reverse order and exit 0; SIGHUP reloads the config (an invalid
+one is kept out and logged).
 """
 
 from __future__ import annotations
@@ -20,36 +20,49 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 
 from edgepilot import __version__
+from edgepilot import status as status_capability
+from edgepilot.backends.backend_set import BackendSet
+from edgepilot.board.board import Board
 from edgepilot.command_registry import CommandRegistry
 from edgepilot.config import Config, check_http_exposure, load_config
+from edgepilot.dispatch import service as dispatch_service
+from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dvfs import service as dvfs_service
+from edgepilot.dvfs.energy_policies import EnergyService
+from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.errors import ConfigError, EdgepilotError
 from edgepilot.events import EventBus
+from edgepilot.formats.catalog import ModelCatalog
+from edgepilot.http.api import HttpApi
+from edgepilot.http.server import HttpServer
+from edgepilot.mqtt import service as mqtt_service
+from edgepilot.mqtt.service import MqttService
+from edgepilot.readiness import Readiness
 from edgepilot.sdnotify import Notifier, watchdog_interval_s
+from edgepilot.serving import service as serving_service
+from edgepilot.serving.core import Serving
+from edgepilot.serving.devices import DeviceQueues
+from edgepilot.serving.generate import Generator
+from edgepilot.serving.registry import ModelRegistry
+from edgepilot.status import StatusReport
+from edgepilot.telemetry import service as telemetry_service
+from edgepilot.telemetry.power_history import PowerHistory
+from edgepilot.telemetry.sampler import TelemetrySampler
 from edgepilot.telemetry.work import WorkMeter
-
-if TYPE_CHECKING:
-    from edgepilot.backends.backend_set import BackendSet
-    from edgepilot.board.board import Board
-    from edgepilot.dispatch.dispatcher import Dispatcher
-    from edgepilot.dvfs.manager import ProfileManager
-    from edgepilot.http.server import HttpServer
-    from edgepilot.mqtt.service import MqttService
-    from edgepilot.serving.core import Serving
-    from edgepilot.serving.devices import DeviceQueues
-    from edgepilot.serving.generate import Generator
-    from edgepilot.serving.registry import ModelRegistry
-    from edgepilot.telemetry.sampler import TelemetrySampler
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SERVICE_STOP_MIN_S = 5.0
+# every capability, in the order their services start
+CAPABILITIES = ("status", "dvfs", "serving", "dispatch", "telemetry", "mqtt", "energy")
+
 
 @runtime_checkable
 class Service(Protocol):
@@ -77,89 +90,154 @@ class Daemon:
         self.started_at = time.time()
         self.commands = CommandRegistry()
         self.events = EventBus()
-        # serving code records each finished request here; telemetry reads it
-        self.work = WorkMeter()
+        # the board's power as telemetry reads it; serving records each finished request in
+        # the work meter, which reads the request's energy off that power
+        self.power = PowerHistory()
+        self.work = WorkMeter(power=self.power)
         self.metrics = CollectorRegistry(auto_describe=True)
         self.notifier = Notifier()
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(4, (os.cpu_count() or 2) * 2), thread_name_prefix="edgepilot")
-        # component -> reason it is not ready (absent or None = ready)
-        self.readiness: dict[str, str | None] = {"daemon": "starting"}
+        self.readiness = Readiness()
+        self.readiness.set("daemon", "starting")
         self.services: list[Service] = []
-        self.stopping = False
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Built by the capabilities in attach_capabilities(), in that order. None only before
-        # then, or where a capability is switched off (dispatch disabled still has one).
+        # Built by attach_capabilities(). None where a capability is left out (tests attach
+        # a few), or before it ran; the serving layer's parts are set only when it is built.
         self.board: Board | None = None
         self.profiles: ProfileManager | None = None
+        self.status: StatusReport | None = None
         self.devices: DeviceQueues
         self.backends: BackendSet
+        self.catalog: ModelCatalog
         self.models: ModelRegistry
         self.serving: Serving
         self.generator: Generator
-        self.dispatcher: Dispatcher
+        self.dispatcher: Dispatcher | None = None
         self.telemetry: TelemetrySampler | None = None
+        self.energy: EnergyService | None = None
         self.mqtt: MqttService | None = None
         self.http_server: HttpServer | None = None
         Info("edgepilot_build", "edgepilot version", registry=self.metrics).info(
             {"version": __version__})
         self._up = Gauge("edgepilot_up", "1 while the daemon is serving", registry=self.metrics)
 
-    # ---- helpers for components -------------------------------------------------------------
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            raise RuntimeError("daemon loop not running")
-        return self._loop
+    # ---- what components are handed -----------------------------------------------------------
+    def current_config(self) -> Config:
+        """The config in force (components read it when they act: SIGHUP replaces it)."""
+        return self.config
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking work (sysfs, native inference) off the loop."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-
-    def set_ready(self, component: str, reason: str | None = None) -> None:
-        """Mark a component ready (reason None) or not ready with an operator-readable reason."""
-        self.readiness[component] = reason
-
-    def not_ready_reasons(self) -> dict[str, str]:
-        return {k: v for k, v in self.readiness.items() if v}
 
     @property
     def state_dir(self) -> Path:
         return self.config.state_dir
 
     @property
-    def model_dir(self) -> Path:
-        return self.config.model_dir
+    def stopping(self) -> bool:
+        return self.readiness.stopping
 
     def running_loop(self) -> asyncio.AbstractEventLoop | None:
         """The daemon's loop once it runs (None before: CLI use, tests building parts)."""
         return self._loop
 
-    def attach_capabilities(self) -> None:
-        """Build every component, in start order (stop is the reverse: MQTT says "offline"
-        before the board is restored; models unload before DVFS is put back)."""
-        from edgepilot import status
-        from edgepilot.dispatch import service as dispatch_service
-        from edgepilot.dvfs import energy_policies as energy_service
-        from edgepilot.dvfs import service as dvfs_service
-        from edgepilot.mqtt import service as mqtt_service
-        from edgepilot.serving import service as serving_service
-        from edgepilot.telemetry import service as telemetry_service
+    def http_url(self) -> str | None:
+        return self.http_server.url if self.http_server is not None else None
 
-        self.services.extend(status.attach(self))
-        self.services.extend(dvfs_service.attach(self))
-        self.services.extend(serving_service.attach(self))
-        self.services.extend(dispatch_service.attach(self))
-        # the registry loads GGUF models with their plan and counts plan executables in its
-        # memory budget; the serving layer runs planned requests: both need the dispatcher,
-        # which itself finds model files through the registry
-        self.models.dispatcher = self.dispatcher
-        self.serving.dispatcher = self.dispatcher
-        self.services.extend(telemetry_service.attach(self))
-        self.services.extend(mqtt_service.attach(self))
-        # SLO pick and power cap: read telemetry, publish events, stop before DVFS restores
-        self.services.extend(energy_service.attach(self))
+    def http_api(self) -> HttpApi:
+        """What the HTTP routes serve from."""
+        def address() -> tuple[str, int]:
+            server = self.http_server
+            return (server.host, server.port) if server is not None \
+                else (self.http_host, self.http_port)
+
+        has_serving = hasattr(self, "serving")
+        return HttpApi(config=self.current_config, commands=self.commands,
+                       readiness=self.readiness, metrics=self.metrics,
+                       started_at=self.started_at, address=address,
+                       config_path=self.config_path,
+                       serving=self.serving if has_serving else None,
+                       generator=self.generator if has_serving else None,
+                       dispatcher=self.dispatcher, telemetry=self.telemetry)
+
+    # ---- composition --------------------------------------------------------------------------
+    def attach_capabilities(self, only: Collection[str] | None = None) -> None:
+        """Build every component (or those of the capabilities in ``only``: tests), each
+        from the ones it needs, and queue their services in start order (stop is the
+        reverse: MQTT says "offline" before the board is restored; models unload before DVFS
+        is put back)."""
+        want = set(CAPABILITIES if only is None else only)
+        unknown = want - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}; allowed: {CAPABILITIES}")
+        cfg, live, run = self.config, self.current_config, self.run_blocking
+        common: dict[str, Any] = {"events": self.events, "readiness": self.readiness,
+                                  "run_blocking": run}
+        services: dict[str, Service] = {}
+        if "dvfs" in want or "energy" in want:
+            self.board = Board(cfg.daemon.sysfs_root)
+            self.profiles = dvfs_service.make_manager(cfg, self.board, self.events)
+        if "telemetry" in want:
+            self.telemetry = telemetry_service.attach(
+                self.commands, self.metrics, config=live, board=self.board,
+                profiles=self.profiles, work=self.work, power=self.power,
+                state_dir=cfg.state_dir, **common)
+            services["telemetry"] = self.telemetry
+        if want & {"serving", "dispatch", "energy"}:
+            # what serving and planning share: one queue per device, one instance per
+            # runtime, one catalog of model names
+            self.devices = DeviceQueues(cfg.http.max_queue, self.running_loop)
+            self.backends = BackendSet(serving_service.backend_options(cfg),
+                                       cfg.backends.enabled, cfg.state_dir / "cache",
+                                       emit=self.events.emit)
+            self.catalog = ModelCatalog(cfg.model_dir, cfg.models)
+        if "dispatch" in want or "energy" in want:
+            self.dispatcher = Dispatcher(cfg, board=self.board, profiles=self.profiles,
+                                         catalog=self.catalog, emit=self.events.emit,
+                                         run_blocking=run, backend_set=self.backends,
+                                         hold_devices=self.devices.hold_devices)
+        if "dispatch" in want:
+            assert self.dispatcher is not None
+            services["dispatch"] = dispatch_service.attach(
+                self.commands, self.dispatcher, close_devices=self.devices.close, **common)
+        if "serving" in want:
+            parts = serving_service.attach(
+                self.commands, cfg, live=live, catalog=self.catalog, backends=self.backends,
+                devices=self.devices, dispatcher=self.dispatcher, work=self.work,
+                executor=self.executor, **common)
+            self.models, self.serving, self.generator = parts.registry, parts.serving, \
+                parts.generator
+            services["serving"] = parts.service
+        if "energy" in want:
+            assert self.profiles is not None and self.dispatcher is not None
+            self.energy = EnergyService(self.profiles, config=live, dispatcher=self.dispatcher,
+                                        sampler=self.telemetry,
+                                        hold_devices=self.devices.hold_devices, **common)
+            services["energy"] = self.energy
+        if "dvfs" in want:
+            assert self.profiles is not None
+            services["dvfs"] = dvfs_service.attach(
+                self.commands, self.profiles, config=live, sampler=self.telemetry,
+                choose_fallback=self.energy.slo.choose_fallback if self.energy else None,
+                **common)
+        if "status" in want:
+            backends = getattr(self, "backends", None)
+            self.status = status_capability.attach(
+                self.commands, started_at=self.started_at, readiness=self.readiness,
+                board=self.board, profiles=self.profiles,
+                backend_names=backends.names if backends is not None else list,
+                http_url=self.http_url)
+        if "mqtt" in want:
+            self.mqtt = mqtt_service.attach(
+                cfg, events=self.events, commands=self.commands,
+                serving=getattr(self, "serving", None),
+                status=self.status.snapshot if self.status is not None else dict,
+                telemetry=self.telemetry, run_blocking=run)
+            services["mqtt"] = self.mqtt
+        self.services.extend(services[name] for name in CAPABILITIES if name in services)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> int:
@@ -173,10 +251,8 @@ class Daemon:
                               "point --state-dir or [daemon] state_dir at a writable directory",
                               field="daemon.state_dir") from None
         self._install_signals()
-        from edgepilot.http.server import HttpServer
-
         self.attach_capabilities()
-        self.http_server = HttpServer(self, self.http_host, self.http_port)
+        self.http_server = HttpServer(self.http_api(), self.http_host, self.http_port)
         await self.http_server.start()
         self.notifier.notify(f"STATUS=starting; HTTP on {self.http_server.url}")
         watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
@@ -188,7 +264,7 @@ class Daemon:
                 self.notifier.notify(f"STATUS=starting {svc.name}")
                 await svc.start()
                 started.append(svc)
-            self.set_ready("daemon", None)
+            self.readiness.set("daemon", None)
             self._up.set(1)
             self.notifier.notify("READY=1", f"STATUS=serving on {self.http_server.url}")
             log.info("edgepilot %s serving on %s", __version__, self.http_server.url)
@@ -203,7 +279,7 @@ class Daemon:
             self.notifier.notify(f"STATUS=start-up failed: {type(exc).__name__}: {exc}")
             code = 1
         finally:
-            self.stopping = True
+            self.readiness.stopping = True
             self._up.set(0)
             self.notifier.notify("STOPPING=1", "STATUS=stopping")
             await self._shutdown(started)
@@ -237,7 +313,7 @@ class Daemon:
                 log.exception("stopping %s failed; continuing shutdown", svc.name)
 
     def _install_signals(self) -> None:
-        loop = self.loop
+        loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))

@@ -19,7 +19,6 @@ from edgepilot.config import parse_config
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
 from edgepilot.formats.tflite_gen import write_mlp_tflite
 from edgepilot.lifecycle import Daemon
-from edgepilot.serving.service import attach
 
 
 def wakeword_tflite(name: str = "alexa") -> Path:
@@ -47,7 +46,7 @@ def make_daemon(tmp: Path, **config: Any) -> Daemon:
                        "demo_models": False}, "mqtt": {"enabled": False}, **config}
     (tmp / "models").mkdir(exist_ok=True)
     daemon = Daemon(parse_config(data))
-    attach(daemon)
+    daemon.attach_capabilities({"serving"})
     return daemon
 
 

@@ -279,12 +279,8 @@ class InProcessDaemon:
 
     def __init__(self, state_dir: Path, broker: Broker, *, mqtt_cfg: dict[str, Any] | None = None,
                  telemetry: dict[str, Any] | None = None) -> None:
-        from edgepilot import status
         from edgepilot.config import parse_config
         from edgepilot.lifecycle import Daemon
-        from edgepilot.mqtt import service as mqtt_service
-        from edgepilot.serving import service as serving_service
-        from edgepilot.telemetry import service as telemetry_service
 
         mqtt_section = {"host": broker.host, "port": broker.port, "device_id": "dev1",
                         "reconnect_min_s": 0.05, "reconnect_max_s": 0.5, **(mqtt_cfg or {})}
@@ -293,8 +289,7 @@ class InProcessDaemon:
                                                        "publish_interval_s": 3600},
                             "mqtt": mqtt_section})
         self.daemon = Daemon(cfg)
-        for mod in (status, serving_service, telemetry_service, mqtt_service):
-            self.daemon.services.extend(mod.attach(self.daemon))
+        self.daemon.attach_capabilities({"status", "serving", "telemetry", "mqtt"})
         self.lt = LoopThread()
         self.started = False
 

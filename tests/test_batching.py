@@ -16,7 +16,6 @@ from real_models import package_file
 from edgepilot.config import parse_config
 from edgepilot.formats.onnx_gen import mlp_stack
 from edgepilot.lifecycle import Daemon
-from edgepilot.serving import service as serving_service
 from edgepilot.serving.batching import padded_rows
 
 
@@ -35,7 +34,7 @@ def daemon(tmp: Path, models: list[dict[str, Any]]) -> Daemon:
         "daemon": {"state_dir": str(tmp / "state"), "model_dir": str(tmp / "models"),
                    "demo_models": False},
         "mqtt": {"enabled": False}, "dispatch": {"enabled": False}, "models": models}))
-    d.services.extend(serving_service.attach(d))
+    d.attach_capabilities({"serving"})
     return d
 
 

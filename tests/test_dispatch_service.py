@@ -37,12 +37,7 @@ async def until(pred: Callable[[], Any], what: str, timeout: float = 60.0) -> No
 
 def test_a_thermal_fallback_replans_once(fake_board, tmp_path: Path,  # type: ignore[no-untyped-def]
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgepilot import status
-    from edgepilot.dispatch import service as dispatch_service
-    from edgepilot.dvfs import service as dvfs_service
     from edgepilot.lifecycle import Daemon
-    from edgepilot.serving import service as serving_service
-    from edgepilot.telemetry import service as telemetry_service
 
     fake = fake_board("orin")
     monkeypatch.setenv("EDGEPILOT_FAKE_ROOT", str(fake.root))  # read by the emulators only
@@ -57,8 +52,7 @@ def test_a_thermal_fallback_replans_once(fake_board, tmp_path: Path,  # type: ig
                      "targets": ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"]},
         "telemetry": {"sample_interval_s": 0.1, "publish_interval_s": 3600}})
     daemon = Daemon(config)
-    for mod in (status, dvfs_service, serving_service, telemetry_service, dispatch_service):
-        daemon.services.extend(mod.attach(daemon))
+    daemon.attach_capabilities({"status", "dvfs", "serving", "telemetry", "dispatch"})
     svc = next(s for s in daemon.services if isinstance(s, DispatchService))
     seen: list[str] = []   # subscribed after the service: it has handled what this sees
     daemon.events.subscribe(lambda e: seen.append(

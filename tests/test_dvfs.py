@@ -205,7 +205,7 @@ def killed_after_apply(tmp_path: Path) -> Iterator[tuple[FakeBoard, Path, dict[s
 
 def test_sigkill_leaves_a_journal_the_next_service_start_undoes(
         killed_after_apply: tuple[FakeBoard, Path, dict[str, Any]]) -> None:
-    from edgepilot.dvfs.service import DvfsService, attach
+    from edgepilot.dvfs.service import DvfsService
     from edgepilot.lifecycle import Daemon
 
     fake, state, before = killed_after_apply
@@ -215,7 +215,8 @@ def test_sigkill_leaves_a_journal_the_next_service_start_undoes(
     config = parse_config({"daemon": {"sysfs_root": str(fake.root), "state_dir": str(state)},
                            "dvfs": {"profile": "balanced"}})
     daemon = Daemon(config)
-    services = attach(daemon)
+    daemon.attach_capabilities({"dvfs"})
+    services = daemon.services
     assert isinstance(services[0], DvfsService)
 
     async def start_stop() -> dict[str, Any]:
@@ -242,7 +243,6 @@ def test_a_device_gone_since_the_crash_does_not_keep_the_daemon_down(
     it was."""
     import shutil
 
-    from edgepilot.dvfs.service import attach
     from edgepilot.lifecycle import Daemon
 
     fake, state, before = killed_after_apply
@@ -252,7 +252,8 @@ def test_a_device_gone_since_the_crash_does_not_keep_the_daemon_down(
     config = parse_config({"daemon": {"sysfs_root": str(fake.root), "state_dir": str(state)},
                            "dvfs": {"profile": "balanced"}})
     daemon = Daemon(config)
-    services = attach(daemon)
+    daemon.attach_capabilities({"dvfs"})
+    services = daemon.services
 
     async def start_stop() -> dict[str, Any]:
         await services[0].start()
@@ -315,7 +316,6 @@ def test_a_corrupt_journal_is_a_clear_error_not_a_crash_loop(
     """The daemon still starts (serving, with /readyz naming the journal) instead of exiting
     at attach, which under Restart=on-failure is a crash loop; the CLI says which file is
     wrong in one line (exit 2, no traceback); nothing on the board or in the journal moves."""
-    from edgepilot.dvfs.service import attach
     from edgepilot.lifecycle import Daemon
 
     fake = fake_board("rpi5")
@@ -326,7 +326,8 @@ def test_a_corrupt_journal_is_a_clear_error_not_a_crash_loop(
     config = parse_config({"daemon": {"sysfs_root": str(fake.root), "state_dir": str(state)},
                            "dvfs": {"profile": "performance"}})
     daemon = Daemon(config)
-    services = attach(daemon)
+    daemon.attach_capabilities({"dvfs"})
+    services = daemon.services
 
     async def start_stop() -> str | None:
         await services[0].start()

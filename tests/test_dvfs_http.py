@@ -10,7 +10,6 @@ import httpx
 from board_fixtures import fake_board
 
 from edgepilot.config import parse_config
-from edgepilot.dvfs.service import attach
 from edgepilot.http.server import HttpServer
 from edgepilot.lifecycle import Daemon
 
@@ -25,11 +24,12 @@ def test_profile_endpoints(fake_board, tmp_path: Path) -> None:  # type: ignore[
                                       "state_dir": str(tmp_path / "state")},
                            "http": {"token": TOKEN, "port": 0}})
     daemon = Daemon(config)
-    services = attach(daemon)
+    daemon.attach_capabilities({"dvfs"})
+    services = daemon.services
 
     async def scenario() -> dict[str, Any]:
         await services[0].start()
-        server = HttpServer(daemon, "127.0.0.1", 0)
+        server = HttpServer(daemon.http_api(), "127.0.0.1", 0)
         await server.start()
         out: dict[str, Any] = {}
         try:

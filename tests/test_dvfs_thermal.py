@@ -190,10 +190,7 @@ async def until(pred: Callable[[], Any], what: str, timeout: float = 30.0) -> No
 
 def test_daemon_falls_back_when_the_zone_heats_and_returns_when_it_cools(
         fake_board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from edgepilot import status
-    from edgepilot.dvfs import service as dvfs_service
     from edgepilot.lifecycle import Daemon
-    from edgepilot.telemetry import service as telemetry_service
 
     fake = fake_board("orin")
     before = fake.files()
@@ -205,8 +202,7 @@ def test_daemon_falls_back_when_the_zone_heats_and_returns_when_it_cools(
                  "jetson_clocks": str(BIN_DIR / "jetson_clocks"), "thermal_dwell_s": 0},
         "telemetry": {"sample_interval_s": 0.1, "publish_interval_s": 3600}})
     daemon = Daemon(config)
-    for mod in (status, dvfs_service, telemetry_service):
-        daemon.services.extend(mod.attach(daemon))
+    daemon.attach_capabilities({"status", "dvfs", "telemetry"})
     seen: list[tuple[str, ...]] = []
 
     async def scenario() -> None:

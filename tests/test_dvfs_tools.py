@@ -139,7 +139,6 @@ def test_reload_relocates_the_tools(fake_board, tmp_path: Path) -> None:  # type
     import asyncio
 
     from edgepilot.config import parse_config
-    from edgepilot.dvfs.service import attach
     from edgepilot.lifecycle import Daemon
 
     fake = fake_board("orin")
@@ -147,7 +146,8 @@ def test_reload_relocates_the_tools(fake_board, tmp_path: Path) -> None:  # type
     old = parse_config(raw)
     new = parse_config({**raw, "dvfs": {"nvpmodel": str(BIN_DIR / "nvpmodel")}})
     daemon = Daemon(old)
-    service = attach(daemon)[0]
+    daemon.attach_capabilities({"dvfs"})
+    service = daemon.services[0]
     assert daemon.profiles.tools["nvpmodel"].skip is not None
     asyncio.run(service.reload(old, new))  # type: ignore[attr-defined]
     daemon.executor.shutdown()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from board_fixtures import FakeBoard, build_tree, three_policy_board
+from daemon_fixtures import sampler_on
 
 from edgepilot.board import Board
 from edgepilot.config import parse_config
@@ -32,8 +33,7 @@ def sampler(tmp_path: Path) -> Iterator[tuple[TelemetrySampler, FakeBoard]]:
     cfg = parse_config({"daemon": {"state_dir": str(tmp_path / "state"), "demo_models": False},
                         "telemetry": {"publish_interval_s": 60}, "mqtt": {"enabled": False}})
     daemon = Daemon(cfg)
-    daemon.board = Board(fake.root)
-    s = TelemetrySampler(daemon)
+    s = sampler_on(daemon, Board(fake.root))
     try:
         yield s, fake
     finally:
@@ -57,7 +57,7 @@ def test_power_points_interpolate_hold_and_know_when_unknown() -> None:
 # ---- WorkMeter.begin/end with the sampler as attributor ------------------------------------
 def test_one_request_gets_the_power_over_its_wall_time(sampler) -> None:  # type: ignore[no-untyped-def]
     s, fake = sampler
-    w = s.daemon.work
+    w = s.work
     set_power(fake, 10.0)
     s.sample_now(now=100.0)
     set_power(fake, 20.0)
@@ -74,7 +74,7 @@ def test_one_request_gets_the_power_over_its_wall_time(sampler) -> None:  # type
 
 def test_concurrent_requests_share_and_add_up_to_the_board_energy(sampler) -> None:  # type: ignore[no-untyped-def]
     s, fake = sampler
-    w = s.daemon.work
+    w = s.work
     set_power(fake, 10.0)
     s.sample_now(now=0.0)
     s.sample_now(now=10.0)
@@ -95,7 +95,7 @@ def test_concurrent_requests_share_and_add_up_to_the_board_energy(sampler) -> No
 
 def test_in_flight_requests_take_their_share_of_the_window(sampler) -> None:  # type: ignore[no-untyped-def]
     s, fake = sampler
-    w = s.daemon.work
+    w = s.work
     set_power(fake, 10.0)
     s.sample_now(now=100.0)
     s.report(now=100.0)
@@ -111,7 +111,7 @@ def test_in_flight_requests_take_their_share_of_the_window(sampler) -> None:  # 
 
 def test_failed_and_repeated_ends_attribute_nothing(sampler) -> None:  # type: ignore[no-untyped-def]
     s, fake = sampler
-    w = s.daemon.work
+    w = s.work
     set_power(fake, 10.0)
     s.sample_now(now=0.0)
     req = w.begin("m", now=1.0)
@@ -125,7 +125,7 @@ def test_failed_and_repeated_ends_attribute_nothing(sampler) -> None:  # type: i
 
 def test_prometheus_counter_is_the_sum_of_the_answers(sampler) -> None:  # type: ignore[no-untyped-def]
     s, fake = sampler
-    w = s.daemon.work
+    w = s.work
     set_power(fake, 8.0)
     s.sample_now(now=0.0)
     answers = [w.end(w.begin("det", now=t), now=t + 0.25) for t in (1.0, 2.0, 3.0)]
@@ -144,8 +144,7 @@ def test_without_a_power_sensor_the_energy_is_null(tmp_path: Path) -> None:
     cfg = parse_config({"daemon": {"state_dir": str(tmp_path / "state"), "demo_models": False},
                         "mqtt": {"enabled": False}})
     daemon = Daemon(cfg)
-    daemon.board = Board(fake.root)
-    s = TelemetrySampler(daemon)
+    s = sampler_on(daemon, Board(fake.root))
     try:
         s.sample_now(now=0.0)
         s.sample_now(now=1.0)

@@ -30,12 +30,10 @@ from edgepilot.dispatch.gguf.live import (
 )
 from edgepilot.dispatch.gguf.plans import GgufDispatch
 from edgepilot.dispatch.gguf.select import Measurement, spread
-from edgepilot.dispatch.service import attach as attach_dispatch
 from edgepilot.errors import PlanError
 from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
 from edgepilot.lifecycle import Daemon
 from edgepilot.serving.devices import DeviceQueues
-from edgepilot.serving.service import attach as attach_models
 
 
 def m(threads: int, decode: float, prefill: float = 1.0, spread_: float = 0.0,
@@ -194,8 +192,7 @@ def test_measuring_waits_for_the_request_holding_the_device_and_blocks_new_ones(
         tmp_path: Path) -> None:
     write_gguf(tmp_path / "models" / "chat.gguf", GgufSpec())
     d = Daemon(config(tmp_path))
-    attach_models(d)
-    attach_dispatch(d)
+    d.attach_capabilities({"serving", "dispatch"})
     md = d.dispatcher.get("chat")
     assert isinstance(md, GgufDispatch)
     in_round = threading.Event()

@@ -159,9 +159,6 @@ def test_cpu_budget_too_small_is_refused_with_the_numbers(tmp_path: Path) -> Non
 
 
 def test_registry_loads_gguf_with_the_plans_threads(tmp_path: Path) -> None:
-    from edgepilot.dispatch.service import attach as attach_dispatch
-    from edgepilot.serving.service import attach as attach_models
-
     write_gguf(tmp_path / "models" / "chat.gguf", GgufSpec())
     (tmp_path / "models").mkdir(exist_ok=True)
 
@@ -171,9 +168,7 @@ def test_registry_loads_gguf_with_the_plans_threads(tmp_path: Path) -> None:
         # process path is covered in test_llama_worker.py)
         cfg.backends.llamacpp.isolation = "thread"
         d = Daemon(cfg)
-        attach_models(d)
-        attach_dispatch(d)
-        d.models.dispatcher = d.serving.dispatcher = d.dispatcher  # as attach_capabilities
+        d.attach_capabilities({"serving", "dispatch"})
         return d
 
     d = daemon()

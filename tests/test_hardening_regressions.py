@@ -25,7 +25,7 @@ from mqtt_fixtures import (  # noqa: F401
 )
 from test_mqtt import BASE, publish_v5
 
-from edgepilot.http.bodies import MAX_PARSING, off_loop
+from edgepilot.serving.offload import MAX_PARSING, off_loop
 
 
 @pytest.fixture

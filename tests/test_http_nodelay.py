@@ -12,7 +12,6 @@ import asyncio
 import socket
 from pathlib import Path
 
-from edgepilot import status
 from edgepilot.config import parse_config
 from edgepilot.http.server import HttpServer
 from edgepilot.lifecycle import Daemon
@@ -21,10 +20,10 @@ from edgepilot.lifecycle import Daemon
 def test_every_accepted_connection_has_nagle_off(tmp_path: Path) -> None:
     d = Daemon(parse_config({"daemon": {"state_dir": str(tmp_path), "demo_models": False},
                              "mqtt": {"enabled": False}}))
-    d.services.extend(status.attach(d))
+    d.attach_capabilities({"status"})
 
     async def scenario() -> list[int]:
-        server = HttpServer(d, "127.0.0.1", 0)
+        server = HttpServer(d.http_api(), "127.0.0.1", 0)
         await server.start()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

@@ -22,3 +22,21 @@ def test_import_contracts_hold() -> None:
     assert "0 broken" in report, report
     # every contract was read and checked, none silently skipped
     assert "Contracts: 4 kept" in report, report
+
+
+def test_every_package_has_the_no_cycle_contract() -> None:
+    """A package added later is covered too: the acyclic contract names every package (the
+    top-level one has its own contract), dispatch's and backends' subpackages included."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    covered = {a for c in config["contracts"] if c["type"] == "acyclic_siblings"
+               for a in c["ancestors"]}
+    packages = {"edgepilot." + ".".join(p.parent.relative_to(ROOT / "daemon").parts)
+                for p in (ROOT / "daemon").rglob("__init__.py") if p.parent != ROOT / "daemon"}
+    packages |= {"edgepilot." + ".".join(p.parent.relative_to(ROOT).parts)
+                 for p in (ROOT / "backends").rglob("__init__.py")}
+    assert "edgepilot.dispatch.gguf" in packages and "edgepilot.backends.workers" in packages
+    assert packages - covered == set()
+    assert "edgepilot" in covered
+    assert config["exclude_type_checking_imports"] is False

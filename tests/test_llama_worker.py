@@ -319,9 +319,7 @@ def test_the_gguf_plan_governs_the_worker(tmp_path: Path, gguf_path: Path) -> No
     from edgepilot.config import parse_config
     from edgepilot.dispatch.gguf.live import MIN_TOKENS
     from edgepilot.dispatch.gguf.plans import GgufDispatch
-    from edgepilot.dispatch.service import attach as attach_dispatch
     from edgepilot.lifecycle import Daemon
-    from edgepilot.serving.service import attach as attach_models
 
     (tmp_path / "models").mkdir()
     shutil.copy(gguf_path, tmp_path / "models" / "chat.gguf")
@@ -330,9 +328,7 @@ def test_the_gguf_plan_governs_the_worker(tmp_path: Path, gguf_path: Path) -> No
                    "demo_models": False},
         "mqtt": {"enabled": False}, "backends": {"llamacpp": {"n_ctx": 512}},
         "dispatch": {"gguf_prompt_tokens": 8, "gguf_decode_tokens": 4, "gguf_threads": [1]}}))
-    attach_models(d)
-    attach_dispatch(d)
-    d.models.dispatcher = d.serving.dispatcher = d.dispatcher  # as attach_capabilities
+    d.attach_capabilities({"serving", "dispatch"})
     assert d.dispatcher.plan_for("chat")["n_threads"] == 1  # measured in this process
     lm = asyncio.run(d.models.load("chat"))
     exe = lm.executable

@@ -39,7 +39,7 @@ def test_dropped_files_are_named_by_stem_and_config_wins(tmp_path: Path, gguf_pa
     assert set(listing) == {"chat", "mlp"}
     assert listing["chat"]["kind"] == "gguf" and listing["mlp"]["kind"] == "tflite"
     with pytest.raises(NotFoundError, match="available: chat, mlp"):
-        d.models.entry("tiny")
+        d.models.catalog.entry("tiny")
 
 
 def test_paths_escaping_the_model_dir_are_refused(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
@@ -118,14 +118,14 @@ def test_commands_load_list_unload(tmp_path: Path, mlp_tflite: Path) -> None:  #
     d = make_daemon(tmp_path)
 
     async def scenario() -> None:
-        loaded = await d.commands.execute(d, "model.load", {"name": "mlp"})
+        loaded = await d.commands.execute("model.load", {"name": "mlp"})
         assert loaded["loaded"] and loaded["target"] == "tflite/xnnpack/fp32"
-        listing = await d.commands.execute(d, "model.list", {})
+        listing = await d.commands.execute("model.list", {})
         assert listing["models"][0]["loaded"] is True
-        gone = await d.commands.execute(d, "model.unload", {"name": "mlp"})
+        gone = await d.commands.execute("model.unload", {"name": "mlp"})
         assert gone == {"name": "mlp", "loaded": False, "was_loaded": True}
         with pytest.raises(NotFoundError):
-            await d.commands.execute(d, "model.load", {"name": "ghost"})
+            await d.commands.execute("model.load", {"name": "ghost"})
 
     asyncio.run(scenario())
     assert d.commands.get("model.load").mutating and not d.commands.get("model.list").mutating
@@ -163,7 +163,7 @@ def test_demo_models_are_made_quickly_once(tmp_path: Path) -> None:
         assert files.sha256_of(tmp_path / "models" / e.file) == e.sha256
     assert ensure_demo_models(tmp_path / "models") == []  # not empty any more
     d = make_daemon(tmp_path)
-    d.models.extra = entries
+    d.models.catalog.extra = entries
 
     async def scenario() -> None:
         for e in entries:
@@ -216,7 +216,7 @@ def test_loading_unknown_names_keeps_nothing_for_them(tmp_path: Path) -> None:
     async def scenario() -> None:
         for i in range(50):  # client-chosen names over MQTT/HTTP must not grow the registry
             with pytest.raises(NotFoundError):
-                await d.commands.execute(d, "model.load", {"name": f"ghost-{i}"})
+                await d.commands.execute("model.load", {"name": f"ghost-{i}"})
 
     asyncio.run(scenario())
     assert d.models._load_locks == {}

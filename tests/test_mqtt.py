@@ -141,7 +141,7 @@ def add_counting_verb(d: InProcessDaemon) -> list[int]:
     """A real verb whose runs the test can count (a command like any other)."""
     calls: list[int] = []
 
-    async def handler(_daemon: Any, params: CountParams) -> dict[str, int]:
+    async def handler(params: CountParams) -> dict[str, int]:
         calls.append(params.n)
         return {"count": len(calls), "n": params.n}
 

@@ -21,11 +21,9 @@ from instrumented_backend import RECORDER, SPEC
 
 from edgepilot.backends import BACKENDS
 from edgepilot.config import parse_config
-from edgepilot.dispatch import service as dispatch_service
 from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.formats.onnx_gen import mlp_stack
 from edgepilot.lifecycle import Daemon
-from edgepilot.serving import service as serving_service
 
 CPU, NPU = "onnxruntime/cpu/fp32", "onnxruntime/testnpu/fp32"
 WIDTHS = (64, 128, 128, 128, 64)
@@ -49,9 +47,7 @@ def daemon(tmp: Path, **extra: Any) -> Daemon:
         "dispatch": {"targets": [CPU, NPU], "kernel_corpus": False, "profile_runs": 3,
                      "warmup_runs": 1},
         **extra}))
-    d.services.extend(serving_service.attach(d))
-    d.services.extend(dispatch_service.attach(d))
-    d.models.dispatcher = d.serving.dispatcher = d.dispatcher
+    d.attach_capabilities({"serving", "dispatch"})
     return d
 
 

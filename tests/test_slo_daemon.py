@@ -186,8 +186,7 @@ def test_the_guard_applies_the_re_pick_or_else_the_configured_fallback(
         asked.append((hot, configured, taken))
         return answer.get(hot)
 
-    mgr.fallback_chooser = chooser
-    guard = ThermalGuard(mgr, events, lambda: 0.0)
+    guard = ThermalGuard(mgr, events, lambda: 0.0, choose_fallback=chooser)
     mgr.apply("inference")
     ev = guard.check({"tj-thermal": 86.0})
     assert ev is not None and (ev["action"], ev["fallback"], ev["chosen_by"]) == \
@@ -249,12 +248,13 @@ def test_an_unknown_or_gguf_slo_model_stops_the_start_naming_the_key(
 
 def test_the_daemon_picks_a_best_effort_when_the_plain_pick_is_impossible(
         tmp_path: Path) -> None:
-    from edgepilot.dvfs.slo import SloPicker
     from edgepilot.lifecycle import Daemon
 
     daemon = Daemon(parse_config({"daemon": {"state_dir": str(tmp_path)},
                                   "dvfs": {"slo_ms": 5, "slo_model": "m"}}))
-    picker = SloPicker(daemon)
+    daemon.attach_capabilities({"energy"})
+    assert daemon.energy is not None
+    picker = daemon.energy.slo
 
     def row(name: str, p95: float, watts: float | None) -> dict[str, Any]:
         return {"profile": name, "ok": True, "median_ms": p95 / 2, "p95_ms": p95,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from board_fixtures import FakeBoard, build_tree
+from daemon_fixtures import sampler_on
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,7 +17,6 @@ from edgepilot.config import parse_config
 from edgepilot.lifecycle import Daemon
 from edgepilot.telemetry import service as telemetry_service
 from edgepilot.telemetry.energy import EnergyIntegrator
-from edgepilot.telemetry.sampler import TelemetrySampler
 from edgepilot.telemetry.seq import PersistentSeq
 
 HWMON = "/sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1"
@@ -95,7 +95,7 @@ def test_seq_recovers_from_a_garbled_file(tmp_path: Path) -> None:
 # ---- sampler on a fake Orin ----------------------------------------------------------------
 def test_power_and_energy_follow_the_rail_files(tmp_path: Path, orin_tree: FakeBoard) -> None:
     daemon = make_daemon(tmp_path, orin_tree.root)
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, daemon.board)
     # (t, VDD_IN mV, VDD_IN mA, CPU mA): the test's own schedule of rail values
     schedule = [(100.0, 5000, 1000, 200), (100.5, 5000, 1600, 500), (101.5, 4980, 2000, 700),
                 (103.0, 5020, 1200, 100), (103.1, 5000, 3000, 900)]
@@ -122,7 +122,7 @@ def test_power_and_energy_follow_the_rail_files(tmp_path: Path, orin_tree: FakeB
 
 def test_report_energy_per_inference_and_token(tmp_path: Path, orin_tree: FakeBoard) -> None:
     daemon = make_daemon(tmp_path, orin_tree.root)
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, daemon.board)
     set_rails(orin_tree, {1: (5000, 2000)})            # 10 W
     sampler.sample_now(now=50.0)
     first = sampler.report(now=50.0)                   # opens the window
@@ -160,7 +160,7 @@ def test_board_without_power_sensors_reports_no_power(tmp_path: Path) -> None:
     fake = build_tree(tmp_path / "root", "rpi5")
     try:
         daemon = make_daemon(tmp_path, fake.root)
-        sampler = TelemetrySampler(daemon)
+        sampler = sampler_on(daemon, daemon.board)
         sampler.sample_now(now=1.0)
         daemon.work.record("m", 0.01, now=1.5)
         s = sampler.sample_now(now=2.0)
@@ -176,7 +176,7 @@ def test_board_without_power_sensors_reports_no_power(tmp_path: Path) -> None:
 
 def test_sampler_without_a_board_still_reports(tmp_path: Path) -> None:
     daemon = make_daemon(tmp_path, None)
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, daemon.board)
     s = sampler.sample_now()
     assert "power_w" not in s and "cpu_util_pct" in s
     assert sampler.report()["seq"] == 1
@@ -186,7 +186,7 @@ def test_thermal_events_on_crossing_with_hysteresis(tmp_path: Path, orin_tree: F
     daemon = make_daemon(tmp_path, orin_tree.root, thermal_warn_c=70.0, thermal_hysteresis_c=5.0)
     events: list[dict[str, Any]] = []
     daemon.events.subscribe(lambda e: events.append(e) if e["type"] == "thermal" else None)
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, daemon.board)
     for t, milli_c in enumerate([60000, 71000, 74000, 67000, 64000, 72000]):
         orin_tree.write(ZONE0, f"{milli_c}\n")
         sampler.sample_now(now=float(t))
@@ -198,7 +198,7 @@ def test_thermal_events_on_crossing_with_hysteresis(tmp_path: Path, orin_tree: F
 
 def test_listener_failure_does_not_stop_reports(tmp_path: Path) -> None:
     daemon = make_daemon(tmp_path, None)
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, daemon.board)
     got: list[int] = []
 
     def broken(_: dict[str, Any]) -> None:
@@ -215,8 +215,11 @@ def test_listener_failure_does_not_stop_reports(tmp_path: Path) -> None:
 def test_prometheus_collector_on_the_daemon_registry(tmp_path: Path,
                                                     orin_tree: FakeBoard) -> None:
     daemon = make_daemon(tmp_path, orin_tree.root)
-    telemetry_service.attach(daemon)
-    sampler: TelemetrySampler = daemon.telemetry
+    sampler = telemetry_service.attach(
+        daemon.commands, daemon.metrics, config=daemon.current_config, board=daemon.board,
+        profiles=None, work=daemon.work, power=daemon.power, events=daemon.events,
+        readiness=daemon.readiness, run_blocking=daemon.run_blocking,
+        state_dir=daemon.state_dir)
     set_rails(orin_tree, {1: (5000, 3000)})
     sampler.sample_now(now=1.0)
     sampler.sample_now(now=3.0)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from board_fixtures import FakeBoard, build_tree
+from daemon_fixtures import sampler_on
 
 from edgepilot.board import Board
 from edgepilot.config import parse_config
 from edgepilot.lifecycle import Daemon
 from edgepilot.telemetry.apportion import apportion
-from edgepilot.telemetry.sampler import TelemetrySampler
 from edgepilot.telemetry.work import WorkMeter
 
 HWMON = "/sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1"
@@ -80,8 +80,7 @@ def test_two_models_each_get_their_share_of_the_window(tmp_path: Path,
     cfg = parse_config({"daemon": {"state_dir": str(tmp_path / "state"), "demo_models": False},
                         "telemetry": {"publish_interval_s": 60}, "mqtt": {"enabled": False}})
     daemon = Daemon(cfg)
-    daemon.board = Board(orin_tree.root)
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, Board(orin_tree.root))
     try:
         set_power(orin_tree, 10.0)
         sampler.sample_now(now=100.0)
@@ -129,7 +128,7 @@ def test_without_a_power_sensor_no_energy_fields(tmp_path: Path) -> None:
     cfg = parse_config({"daemon": {"state_dir": str(tmp_path / "state"), "demo_models": False},
                         "mqtt": {"enabled": False}})
     daemon = Daemon(cfg)  # no board at all
-    sampler = TelemetrySampler(daemon)
+    sampler = sampler_on(daemon, None)
     try:
         sampler.sample_now(now=1.0)
         daemon.work.record("m", 0.2, now=1.5)

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -22,16 +23,17 @@ from edgepilot import __version__
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Target
 from edgepilot.backends.llamacpp.backend import LlamaCppBackend
+from edgepilot.blocking import RunBlocking
 from edgepilot.board.board import Board
 from edgepilot.config import Config
 from edgepilot.dispatch.background import BackgroundPlans
-from edgepilot.dispatch.gguf.plans import GgufDispatch, GgufPlan
+from edgepilot.dispatch.gguf.plans import GgufDispatch
 from edgepilot.dispatch.gguf.setup import gguf_dispatch
 from edgepilot.dispatch.graph.signature import Shapes, shapes_of, signature_of
-from edgepilot.dispatch.links import ActiveProfile, ModelFiles
+from edgepilot.dispatch.links import ActiveProfile
 from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
-from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes, resolve_model
+from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes
 from edgepilot.dispatch.planning.cache import PlanCache
 from edgepilot.dispatch.planning.corpus import CorpusStore, CorpusStores
 from edgepilot.dispatch.planning.kernels import KernelModel
@@ -42,10 +44,10 @@ from edgepilot.dispatch.targets import (
     board_id,
     runtime_versions,
 )
-from edgepilot.errors import EdgepilotError, ModelError, NotFoundError, PlanError
+from edgepilot.errors import EdgepilotError, ModelError, PlanError
+from edgepilot.formats.catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
-RunBlocking = Callable[..., Awaitable[Any]]
 AnyDispatch: TypeAlias = "ModelDispatch | GgufDispatch"
 
 
@@ -53,12 +55,19 @@ class Dispatcher:
     """Per-layer plans for every tensor model this daemon (or CLI run) serves."""
 
     def __init__(self, config: Config, *, board: Board | None = None,
-                 profiles: ActiveProfile | None = None, models: ModelFiles | None = None,
+                 profiles: ActiveProfile | None = None, catalog: ModelCatalog | None = None,
                  emit: Callable[..., Any] | None = None,
                  run_blocking: RunBlocking | None = None, progress: Progress | None = None,
                  backends: dict[str, Backend] | None = None,
-                 backend_set: BackendSet | None = None) -> None:
-        self.config, self.board, self.profiles, self.models = config, board, profiles, models
+                 backend_set: BackendSet | None = None,
+                 hold_devices: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+        """``catalog``: where model names are looked up (the daemon's, shared with its model
+        registry; else one over the config that also takes model file paths, as the CLI
+        does). ``hold_devices``: held around each timed round, so that no request runs
+        meanwhile (the daemon's device queues)."""
+        self.config, self.board, self.profiles = config, board, profiles
+        self.catalog = catalog or ModelCatalog(config.model_dir, config.models, paths=True)
+        self.hold_devices = hold_devices
         self.emit = emit or (lambda kind, **fields: None)
         self.run_blocking: RunBlocking = run_blocking or asyncio.to_thread
         self._user_progress = progress
@@ -86,6 +95,10 @@ class Dispatcher:
         self.planning_progress = self.background.progress
 
     # ---- set-up -------------------------------------------------------------------------------
+    def reload(self, config: Config) -> None:
+        """A reloaded config: its [dispatch] settings apply to plans made from now on."""
+        self.config = config
+
     def progress(self, done: int, total: int, what: str) -> None:
         """Progress of profiling, passed on to the CLI's bar; aborts once cancelled."""
         if self.cancelled:
@@ -105,9 +118,9 @@ class Dispatcher:
         return self._backends
 
     def resolve(self, name: str) -> tuple[str, Path, float | None]:
-        """Model name (or path) -> (name, file, tolerance override)."""
-        return resolve_model(self.config, name,
-                             self.models.resolve_path if self.models is not None else None)
+        """Model name (or, from the CLI, a path) -> (name, verified file, tolerance override)."""
+        model = self.catalog.locate(name)
+        return model.name, model.path, model.entry.tolerance
 
     def profile_name(self) -> str | None:
         """The DVFS profile in force (None without DVFS)."""
@@ -150,21 +163,7 @@ class Dispatcher:
         return gguf_dispatch(self.config, key, path, self.llamacpp(), board=self.board,
                              profile=self.profile_name(),
                              cache=self.cache, budgets=self.budgets(), progress=self.progress,
-                             emit=self.emit,
-                             hold=self.models.hold_devices if self.models is not None else None)
-
-    def gguf_choice(self, name: str) -> GgufPlan | None:
-        """The GGUF plan of ``name`` if one is planned or cached (never measures).
-
-        The model registry loads GGUF models with this plan's n_threads / n_gpu_layers.
-        """
-        try:
-            md = self.get(name)
-        except (NotFoundError, ModelError, PlanError):
-            return None
-        if not isinstance(md, GgufDispatch):
-            return None
-        return md.load_cached()
+                             emit=self.emit, hold=self.hold_devices)
 
     def shapes_for(self, name: str, path: Path, given: Mapping[str, Sequence[int]] | None
                    ) -> Shapes:

@@ -1,5 +1,5 @@
-"""Attach the dispatcher: ``daemon.dispatcher``, commands ``plan.get``/``plan.replan``, and
-replans on ``profile.applied``, ``thermal``, ``power_cap.step`` and ``backend.fault`` events.
+"""Attach the dispatcher: commands ``plan.get``/``plan.replan``, and replans on
+``profile.applied``, ``thermal``, ``power_cap.step`` and ``backend.fault`` events.
 
 One clock move, one replan: the DVFS thermal guard moves profiles through the manager, which
 emits ``profile.applied`` (reason "thermal"), and then reports the same move as a ``thermal``
@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgepilot.blocking import RunBlocking
+from edgepilot.command_registry import CommandRegistry
+from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.model_dispatch import ModelDispatch
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon, Service
+from edgepilot.events import EventBus
+from edgepilot.readiness import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -41,40 +44,36 @@ class ReplanParams(PlanParams):
     reprofile: bool = Field(False, description="Measure the board again before planning.")
 
 
-async def _plan_get(daemon: Daemon, params: PlanParams) -> dict[str, Any]:
-    result: dict[str, Any] = await daemon.dispatcher.plan(params.model)
-    return result
-
-
-async def _plan_replan(daemon: Daemon, params: ReplanParams) -> dict[str, Any]:
-    result: dict[str, Any] = await daemon.dispatcher.replan(params.model, params.reprofile)
-    return result
-
-
 class DispatchService:
     """Wires events to replans; holds no threads of its own."""
 
     name = "dispatch"
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, dispatcher: Dispatcher, *, events: EventBus, readiness: Readiness,
+                 run_blocking: RunBlocking, close_devices: Callable[[], None]) -> None:
+        """``close_devices``: on stop, a measurement waiting for the devices gives up."""
+        self.dispatcher = dispatcher
+        self.events = events
+        self.readiness = readiness
+        self.run_blocking = run_blocking
+        self.close_devices = close_devices
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         # events arrive on whichever thread emitted them; replans are scheduled on this loop
         self._loop = asyncio.get_running_loop()
-        self.daemon.events.subscribe(self._on_event)
-        self.daemon.set_ready("dispatch", None)
+        self.events.subscribe(self._on_event)
+        self.readiness.set("dispatch", None)
 
     async def stop(self) -> None:
-        self.daemon.events.unsubscribe(self._on_event)
-        self.daemon.dispatcher.cancelled = True
-        for md in self.daemon.dispatcher.prepared():
+        self.events.unsubscribe(self._on_event)
+        self.dispatcher.cancelled = True
+        for md in self.dispatcher.prepared():
             if isinstance(md, ModelDispatch):
                 md.recovery.close()  # no probe starts while the daemon stops
         # a measurement waiting for the devices gives up now rather than at its timeout
-        self.daemon.devices.close()
+        self.close_devices()
         for task in list(self._tasks):
             task.cancel()
 
@@ -83,8 +82,8 @@ class DispatchService:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def reload(self, old: Any, new: Any) -> None:
-        self.daemon.dispatcher.config = new
+    async def reload(self, old: Config, new: Config) -> None:
+        self.dispatcher.reload(new)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -97,7 +96,7 @@ class DispatchService:
             # a fault reported by someone else (a backend at load); ours carry "plan"
             self._schedule(self._fault(str(event["target"])))
 
-    def _schedule(self, coro: Any) -> None:
+    def _schedule(self, coro: Coroutine[Any, Any, None]) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
             coro.close()
@@ -111,27 +110,34 @@ class DispatchService:
         loop.call_soon_threadsafe(spawn)
 
     async def _clocks(self, reason: str, only_if_moved: bool) -> None:
-        await self.daemon.run_blocking(self.daemon.dispatcher.clocks_changed, reason,
-                                       only_if_moved)
+        await self.run_blocking(self.dispatcher.clocks_changed, reason, only_if_moved)
 
     async def _fault(self, target: str) -> None:
         def work() -> None:
-            for md in self.daemon.dispatcher.prepared():
+            for md in self.dispatcher.prepared():
                 if md.builder is not None and md.plan is not None and target in md.plan.targets:
                     md.builder.excluded.add(target)
                     md.replan(f"fault:{target}", force=True)
 
-        await self.daemon.run_blocking(work)
+        await self.run_blocking(work)
 
 
-def attach(daemon: Daemon) -> list[Service]:
-    daemon.dispatcher = Dispatcher(daemon.config, board=daemon.board, profiles=daemon.profiles,
-                                   models=daemon.models, emit=daemon.events.emit,
-                                   run_blocking=daemon.run_blocking,
-                                   backend_set=daemon.backends)
+def attach(commands: CommandRegistry, dispatcher: Dispatcher, *, events: EventBus,
+           readiness: Readiness, run_blocking: RunBlocking,
+           close_devices: Callable[[], None]) -> DispatchService:
+    """Register ``plan.get`` and ``plan.replan`` on ``dispatcher``; returns the service that
+    replans it on clock moves and faults."""
+
+    async def plan_get(params: PlanParams) -> dict[str, Any]:
+        return await dispatcher.plan(params.model)
+
+    async def plan_replan(params: ReplanParams) -> dict[str, Any]:
+        return await dispatcher.replan(params.model, params.reprofile)
+
     # it can start seconds of profiling: guarded like a mutating verb (the token over HTTP)
-    daemon.commands.register("plan.get", PlanParams, _plan_get, mutating=True,
-                             summary="Per-layer plan of a model (plans it on first use)")
-    daemon.commands.register("plan.replan", ReplanParams, _plan_replan, mutating=True,
-                             summary="Replan a model now (optionally re-measuring the board)")
-    return [DispatchService(daemon)]
+    commands.register("plan.get", PlanParams, plan_get, mutating=True,
+                      summary="Per-layer plan of a model (plans it on first use)")
+    commands.register("plan.replan", ReplanParams, plan_replan, mutating=True,
+                      summary="Replan a model now (optionally re-measuring the board)")
+    return DispatchService(dispatcher, events=events, readiness=readiness,
+                           run_blocking=run_blocking, close_devices=close_devices)

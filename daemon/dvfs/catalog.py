@@ -29,7 +29,7 @@ class ProfileCatalog:
     tools: dict[str, ToolLocation]
     caps: LimitCaps
     active_name: str | None
-    thermal_state: Callable[[], dict[str, Any]] | None
+    # name -> () -> plain data: "thermal" (the guard), "power_cap", "slo" (energy policies)
     reporters: dict[str, Callable[[], dict[str, Any]]]
 
     # ---- queries -------------------------------------------------------------------------------
@@ -37,11 +37,19 @@ class ProfileCatalog:
         """Cheap (no board reads): active profile, vendor tools, thermal guard; for the
         daemon's ``status``."""
         return {"active": self.active_name, "tools": self.tools_report(),
-                "thermal": self.thermal_state() if self.thermal_state is not None else None,
-                **self._reports()}
+                "thermal": self._thermal_state(), **self._reports()}
+
+    def add_reporter(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        """Report ``fn()`` as ``name`` in :meth:`summary` and :meth:`status` (the thermal guard
+        as "thermal", the energy policies as "power_cap" and "slo")."""
+        self.reporters[name] = fn
+
+    def _thermal_state(self) -> dict[str, Any] | None:
+        fn = self.reporters.get("thermal")
+        return fn() if fn is not None else None
 
     def _reports(self) -> dict[str, Any]:
-        return {name: fn() for name, fn in self.reporters.items()}
+        return {name: fn() for name, fn in self.reporters.items() if name != "thermal"}
 
     def profiles(self) -> dict[str, Profile]:
         return self.store.for_board(self.board.identity)
@@ -83,9 +91,9 @@ class ProfileCatalog:
         """Active profile, journal, current clocks, vendor tools and the thermal guard."""
         journal = jr.load(self.state_dir)
         sample = self.board.sample()
-        if self.thermal_state is not None:
-            thermal = self.thermal_state()
-        else:  # CLI, or a daemon without telemetry: limits are known but nobody watches them
+        thermal = self._thermal_state()
+        # CLI, or a daemon without telemetry: limits are known but nobody watches them
+        if thermal is None:
             limits = None
             if self.active_name is not None:
                 try:

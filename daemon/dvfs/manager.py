@@ -57,15 +57,10 @@ class ProfileManager(ProfileCatalog):
         self._lock = self.lock
         self.tools: dict[str, ToolLocation] = {}
         self.set_tools(nvpmodel, jetson_clocks)
-        # set by the daemon's DVFS service: () -> the thermal guard's state, for status()
-        self.thermal_state: Callable[[], dict[str, Any]] | None = None
         # caps on max frequencies over any profile (the power cap's), see edgepilot.dvfs.caps
         self.caps = LimitCaps(board)
-        # energy policies' state for status() and summary(): name -> () -> plain data
+        # the thermal guard's and the energy policies' state for status() and summary()
         self.reporters: dict[str, Callable[[], dict[str, Any]]] = {}
-        # set by the SLO picker: (hot profile, its configured fallback, profiles on the guard's
-        # stack) -> the profile the thermal guard applies instead (None: the configured one)
-        self.fallback_chooser: Callable[[str, str | None, list[str]], str | None] | None = None
         try:
             current = jr.load(self.state_dir)
         except BoardError as exc:

@@ -26,17 +26,18 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgepilot import __version__
+from edgepilot.config import Config, ConfigSource
+from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dvfs.manager import ProfileManager
 from edgepilot.dvfs.pareto import slo_pick
 from edgepilot.errors import ConfigError, EdgepilotError, PlanError
-
-if TYPE_CHECKING:
-    from edgepilot.config import Config
-    from edgepilot.lifecycle import Daemon
+from edgepilot.events import EventBus
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,13 @@ BUDGET_S = 0.3
 TENSOR_SUFFIXES = (".onnx", ".tflite")
 
 
-def check_model(daemon: Daemon, config: Config) -> Path | None:
+def check_model(dispatcher: Dispatcher, config: Config) -> Path | None:
     """The slo_model's file, refused when the model is unknown or not a tensor model."""
     name = config.dvfs.slo_model
     if name is None:
         return None
     try:
-        _, path, _ = daemon.dispatcher.resolve(name)
+        _, path, _ = dispatcher.resolve(name)
     except EdgepilotError as exc:
         raise ConfigError(f"[dvfs] slo_model: {exc.message}", field="dvfs.slo_model") from None
     if path.suffix.lower() not in TENSOR_SUFFIXES:
@@ -66,8 +67,15 @@ def check_model(daemon: Daemon, config: Config) -> Path | None:
 class SloPicker:
     """Measures (or loads), picks and re-picks; its state is plain data (:meth:`status`)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, manager: ProfileManager, *, config: ConfigSource, events: EventBus,
+                 dispatcher: Dispatcher,
+                 hold_devices: Callable[[], AbstractContextManager[Any]]) -> None:
+        """``hold_devices``: held while a profile is timed, so the daemon's requests wait."""
+        self.manager = manager
+        self.config = config
+        self.events = events
+        self.dispatcher = dispatcher
+        self.hold_devices = hold_devices
         self.rows: list[dict[str, Any]] | None = None
         self.pick: str | None = None
         self.met: bool | None = None
@@ -81,24 +89,24 @@ class SloPicker:
 
     @property
     def slo_ms(self) -> float | None:
-        return self.daemon.config.dvfs.slo_ms  # type: ignore[no-any-return]
+        return self.config().dvfs.slo_ms
 
     # ---- measuring --------------------------------------------------------------------------
     def cache_path(self, model: str, key: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)[:64]
-        return Path(self.daemon.state_dir) / "slo" / f"{safe}-{key}.json"
+        return self.config().state_dir / "slo" / f"{safe}-{key}.json"
 
     def _key(self, path: Path, names: list[str]) -> str:
         from edgepilot.dispatch.planning.cache import cache_key
         from edgepilot.dispatch.targets import board_id, runtime_versions
         from edgepilot.formats.files import sha256_of
 
-        manager = self.daemon.profiles
+        manager = self.manager
         profiles = manager.profiles()
         return cache_key({
             "what": "slo-measurements", "board": board_id(manager.board),
             "model_sha256": sha256_of(path),
-            "runtimes": runtime_versions(self.daemon.dispatcher.backends),
+            "runtimes": runtime_versions(self.dispatcher.backends),
             "edgepilot": __version__, "runs": RUNS, "budget_s": BUDGET_S,
             "profiles": {n: profiles[n].as_dict() for n in names}})
 
@@ -108,11 +116,11 @@ class SloPicker:
         from edgepilot.dispatch.planning.cache import read_keyed, write_atomic
         from edgepilot.dvfs.sweep import measure_profiles
 
-        config = self.daemon.config
+        config = self.config()
         model = config.dvfs.slo_model
-        path = check_model(self.daemon, config)
+        path = check_model(self.dispatcher, config)
         assert model is not None and path is not None
-        manager = self.daemon.profiles
+        manager = self.manager
         names = [p["name"] for p in manager.list() if p.get("valid")]
         if not names:
             raise ConfigError("[dvfs] slo_ms: no DVFS profile is valid on this board (see "
@@ -124,9 +132,9 @@ class SloPicker:
             return list(cached["rows"])
         rows = measure_profiles(
             config, manager.board, manager, model, names, RUNS, BUDGET_S, None,
-            backends=self.daemon.dispatcher.backends, reason="slo-measure",
+            backends=self.dispatcher.backends, reason="slo-measure",
             progress=self._progress,
-            hold=self.daemon.models.hold_devices,
+            hold=self.hold_devices, catalog=self.dispatcher.catalog,
             each=self._each_profile)
         if self.cancelled:  # rows cut short by the stop must not be cached as measurements
             raise PlanError("SLO measurement cancelled: the daemon is stopping")
@@ -142,7 +150,7 @@ class SloPicker:
         """Around one profile's apply, measurement and restore: the DVFS lock (no thermal or
         power-cap move in between); a cancelled measurement goes no further."""
         self._progress(0, 0, "")
-        with self.daemon.profiles.lock:
+        with self.manager.lock:
             yield
 
     def _progress(self, done: int, total: int, what: str) -> None:
@@ -182,18 +190,18 @@ class SloPicker:
         rows = self.measure_or_load()
         name, met, why = self.choose(rows)
         row = next(r for r in rows if r["profile"] == name)
-        self.daemon.profiles.apply(name, reason="slo")
+        self.manager.apply(name, reason="slo")
         with self._lock:
             self.rows, self.pick, self.met, self.reason = rows, name, met, why
             self.state = "picked"
         fields = {"profile": name, "met": met, "slo_ms": self.slo_ms,
-                  "model": self.daemon.config.dvfs.slo_model, "p95_ms": row.get("p95_ms"),
+                  "model": self.config().dvfs.slo_model, "p95_ms": row.get("p95_ms"),
                   "p50_ms": row.get("median_ms"), "power_w": row.get("power_w"),
                   "energy_mj_per_inference": row.get("energy_mj_per_inference"),
                   "source": self.source, "cause": "start"}
         if why is not None:
             fields["reason"] = why if met else f"{why}; applied the fastest as the best effort"
-        self.daemon.events.emit("slo.pick", **fields)
+        self.events.emit("slo.pick", **fields)
         return fields
 
     def choose_fallback(self, hot: str, configured: str | None, taken: list[str]) -> str | None:
@@ -220,7 +228,7 @@ class SloPicker:
                           energy_mj_per_inference=row.get("energy_mj_per_inference"))
         with self._lock:
             self.last_repick = dict(fields)
-        self.daemon.events.emit("slo.pick", **fields)
+        self.events.emit("slo.pick", **fields)
         return pick.profile
 
     def fail(self, message: str) -> None:
@@ -237,7 +245,7 @@ class SloPicker:
     # ---- reporting ------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Plain data for ``status`` and ``GET /v1/profile`` (``slo``)."""
-        cfg = self.daemon.config.dvfs
+        cfg = self.config().dvfs
         with self._lock:
             return {"slo_ms": cfg.slo_ms, "model": cfg.slo_model, "state": self.state,
                     "pick": self.pick, "met": self.met, "reason": self.reason,

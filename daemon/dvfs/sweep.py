@@ -16,6 +16,7 @@ from typing import Any
 
 from edgepilot.dvfs.pareto import pareto_front, slo_pick
 from edgepilot.errors import EdgepilotError, ModelError
+from edgepilot.formats.catalog import ModelCatalog
 from edgepilot.telemetry.power_window import PowerSampler
 
 Progress = Callable[[int, int, str], None]
@@ -25,11 +26,13 @@ def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, r
               budget_s: float, shapes: dict[str, tuple[int, ...]] | None = None, *,
               backends: dict[str, Any] | None = None, progress: Progress | None = None,
               reason: str = "sweep",
-              hold: Callable[[], AbstractContextManager[Any]] | None = None) -> dict[str, Any]:
+              hold: Callable[[], AbstractContextManager[Any]] | None = None,
+              catalog: ModelCatalog | None = None) -> dict[str, Any]:
     """Apply ``profile``, plan and time ``model`` under it; the caller restores the board.
 
     ``backends``: loaded backends to reuse (the daemon's); ``hold``: a context manager factory
-    held while the plan is timed (the daemon's device queues, so its requests wait).
+    held while the plan is timed (the daemon's device queues, so its requests wait);
+    ``catalog``: where the model's name is looked up (the daemon's; else the config's).
     """
     from edgepilot.dispatch.bench import bench
     from edgepilot.dispatch.dispatcher import Dispatcher
@@ -38,7 +41,7 @@ def sweep_one(config: Any, board: Any, manager: Any, model: str, profile: str, r
     manager.apply(profile, reason=reason)
     # a fresh dispatcher: plans and profiles are keyed by the DVFS profile now active
     dispatcher = Dispatcher(config, board=board, profiles=manager, progress=progress,
-                            backends=backends)
+                            backends=backends, catalog=catalog)
     md = dispatcher.get(model, shapes)
     if not isinstance(md, ModelDispatch):
         raise ModelError(f"sweep times per-layer plans of ONNX/TFLite models; for the GGUF model "

@@ -7,7 +7,7 @@ the board itself) and applies profiles through the ProfileManager, so every move
 transaction and is undone by the same journal on stop. Fallbacks chain (a fallback may have its
 own limits and fallback); returns go back one step at a time. With ``[dvfs] slo_ms`` set, the
 SLO picker may name a cooler profile that still meets the SLO instead of the configured
-fallback (``manager.fallback_chooser``, see edgepilot.dvfs.slo).
+fallback (``choose_fallback``, see edgepilot.dvfs.slo).
 
 Flapping: a fallback happens on the first hot sample (safety first); a return needs the zones
 cooled by the hysteresis *and* ``[dvfs] thermal_dwell_s`` spent on the fallback, so the board
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from edgepilot.dvfs.manager import ProfileManager
 
 log = logging.getLogger(__name__)
+# (hot profile, its configured fallback, profiles on the guard's stack) -> the profile to apply
+# instead (None: the configured one); the SLO picker's re-pick
+FallbackChooser = Callable[[str, str | None, list[str]], str | None]
 
 
 def zone_matches(key: str, zones: list[str]) -> bool:
@@ -64,9 +67,10 @@ class ThermalGuard:
     """
 
     def __init__(self, manager: ProfileManager, events: EventBus,
-                 dwell_s: Callable[[], float], clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+                 dwell_s: Callable[[], float], clock: Callable[[], float] = time.monotonic,
+                 *, choose_fallback: FallbackChooser | None = None) -> None:
         self.manager = manager
+        self.choose_fallback = choose_fallback
         self.events = events
         self.dwell_s = dwell_s
         self.clock = clock
@@ -127,7 +131,7 @@ class ThermalGuard:
         target = lim.fallback
         fields: dict[str, Any] = {"zone": zone, "temp_c": temp, "threshold_c": lim.max_c,
                                   "state": "hot", "profile": top.profile}
-        chooser = self.manager.fallback_chooser  # the SLO picker's re-pick, when configured
+        chooser = self.choose_fallback  # the SLO picker's re-pick, when configured
         if chooser is not None and top.profile not in self._quiet and now >= self._retry_at:
             picked = chooser(top.profile, lim.fallback, [lv.profile for lv in self._stack])
             if picked is not None and picked != lim.fallback:

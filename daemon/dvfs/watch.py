@@ -11,29 +11,31 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
+from edgepilot.blocking import RunBlocking
+from edgepilot.telemetry.sampler import TelemetrySampler
 
 log = logging.getLogger(__name__)
 
 
-async def each_sample(daemon: Daemon, stopping: asyncio.Event,
+async def each_sample(sampler: TelemetrySampler | None, period_s: Callable[[], float],
+                      run_blocking: RunBlocking, stopping: asyncio.Event,
                       decide: Callable[[dict[str, Any]], object], what: str,
                       on_sampler: Callable[[bool], None] | None = None) -> None:
     """Call ``decide(sample)`` off the loop for each new telemetry sample until ``stopping``.
 
-    ``on_sampler(running)`` says on every period whether the sampler exists; ``decide`` must
-    outlive one bad sample (an exception is logged as ``what`` failing and the loop goes on).
+    ``period_s()`` is how often to look (the sampler's interval, re-read: SIGHUP may change
+    it). ``on_sampler(running)`` says on every period whether there is a sampler; ``decide``
+    must outlive one bad sample (an exception is logged as ``what`` failing and the loop goes
+    on).
     """
     last_ts: object = None
     while not stopping.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), daemon.config.telemetry.sample_interval_s)
+            await asyncio.wait_for(stopping.wait(), period_s())
         if stopping.is_set():
             return
-        sampler = daemon.telemetry
         if on_sampler is not None:
             on_sampler(sampler is not None)
         if sampler is None:
@@ -44,7 +46,7 @@ async def each_sample(daemon: Daemon, stopping: asyncio.Event,
             continue
         last_ts = ts
         try:
-            await daemon.run_blocking(decide, sample)
+            await run_blocking(decide, sample)
         except RuntimeError:  # the executor is shutting down with the daemon
             return
         except Exception:

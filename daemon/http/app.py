@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,9 +24,7 @@ from edgepilot.http import (
     profile,
     telemetry,
 )
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
+from edgepilot.http.api import HttpApi
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +134,11 @@ class _TooLarge(StarletteHTTPException):
         super().__init__(413, f"request body over the {limit}-byte limit {why}")
 
 
-def create_app(daemon: Daemon) -> FastAPI:
+def create_app(api: HttpApi) -> FastAPI:
+    """The API's routes over ``api``'s components, with the one error shape and body limits."""
     app = FastAPI(title="edgepilot", version=__version__,
                   description="Local API of the edgepilot daemon.")
-    app.state.daemon = daemon
+    app.state.api = api
 
     @app.exception_handler(EdgepilotError)
     async def _edgepilot_error(_: Request, exc: EdgepilotError) -> JSONResponse:
@@ -181,5 +180,5 @@ def create_app(daemon: Daemon) -> FastAPI:
 
     for module in (health, commands, profile, telemetry, config, openai, infer, plan):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit, limit=daemon.config.http.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=api.config().http.max_body_bytes)
     return app

@@ -7,6 +7,7 @@ import hmac
 from fastapi import Request
 
 from edgepilot.errors import EdgepilotError
+from edgepilot.http.api import api_of
 
 
 class Unauthorized(EdgepilotError):
@@ -16,7 +17,7 @@ class Unauthorized(EdgepilotError):
 
 def require_token(request: Request) -> None:
     """FastAPI dependency: add ``dependencies=[Depends(require_token)]`` to mutating routes."""
-    token = request.app.state.daemon.config.http.token
+    token = api_of(request).config().http.token
     if not token:
         return
     header = request.headers.get("authorization", "")

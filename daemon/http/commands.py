@@ -7,15 +7,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from edgepilot.command_registry import reply_for
+from edgepilot.http.api import api_of
 from edgepilot.http.auth import require_token
-from edgepilot.http.bodies import off_loop, parse_json
+from edgepilot.http.bodies import parse_json
+from edgepilot.serving.offload import off_loop
 
 router = APIRouter()
 
 
 @router.get("/v1/commands", summary="Registered command verbs")
 async def list_commands(request: Request) -> dict[str, Any]:
-    reg = request.app.state.daemon.commands
+    reg = api_of(request).commands
     return {"verbs": [{"verb": v, "mutating": reg.get(v).mutating, "summary": reg.get(v).summary}
                       for v in reg.verbs()]}
 
@@ -29,10 +31,10 @@ COMMAND_OPENAPI = {"requestBody": {"required": False, "content": {"application/j
 @router.post("/v1/commands/{verb}", summary="Run a command (the MQTT cmd/<verb> equivalent)",
              openapi_extra=COMMAND_OPENAPI)
 async def run_command(verb: str, request: Request) -> dict[str, Any]:
-    daemon = request.app.state.daemon
+    commands = api_of(request).commands
     raw = await request.body()
     payload = await off_loop(parse_json, raw, {})
-    cmd = daemon.commands.get(verb)
+    cmd = commands.get(verb)
     if cmd.mutating:
         require_token(request)
-    return reply_for(await daemon.commands.execute(daemon, verb, payload))
+    return reply_for(await commands.execute(verb, payload))

@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from edgepilot.http.api import api_of
+
 router = APIRouter()
 
 SECRET_KEYS = {"token", "password"}
@@ -22,14 +24,13 @@ def redact(value: Any) -> Any:
 @router.get("/v1/config", summary="Effective configuration (secrets redacted)")
 async def get_config(request: Request) -> dict[str, Any]:
     """The config in effect: file, CLI overrides (``run --host/--port``) and the port bound."""
-    daemon = request.app.state.daemon
-    data = daemon.config.model_dump(mode="json")
-    server = daemon.http_server
+    api = api_of(request)
+    config = api.config()
+    data = config.model_dump(mode="json")
     # the address actually served: ``run --host/--port`` override the file, and port 0 is the
     # port the kernel picked, not 0 (nor the file's 8470)
-    data["http"]["host"] = server.host if server is not None else daemon.http_host
-    data["http"]["port"] = server.port if server is not None else daemon.http_port
-    data["daemon"]["state_dir"] = str(daemon.state_dir)
-    data["daemon"]["model_dir"] = str(daemon.model_dir)
-    return {"path": str(daemon.config_path) if daemon.config_path else None,
+    data["http"]["host"], data["http"]["port"] = api.address()
+    data["daemon"]["state_dir"] = str(config.state_dir)
+    data["daemon"]["model_dir"] = str(config.model_dir)
+    return {"path": str(api.config_path) if api.config_path else None,
             "config": redact(data)}

@@ -27,8 +27,10 @@ from fastapi import APIRouter, Request, Response
 from edgepilot.errors import CommandError
 from edgepilot.formats.tensor_json import tensors_from_json, tensors_to_json
 from edgepilot.formats.tensors import ALLOWED_DTYPES
-from edgepilot.http.bodies import off_loop, parse_json
-from edgepilot.serving.core import Serving
+from edgepilot.http.api import api_of
+from edgepilot.http.bodies import parse_json
+from edgepilot.serving.infer_command import infer_decoded
+from edgepilot.serving.offload import off_loop
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -87,7 +89,7 @@ INFER_OPENAPI = {
 @router.post("/v1/infer/{model}", summary="Run a tensor model (JSON or .npy)",
              openapi_extra=INFER_OPENAPI)
 async def infer(model: str, request: Request) -> Response:
-    serving: Serving = request.app.state.daemon.serving
+    serving = api_of(request).need_serving()
     resolved = serving.tensor_model(model)
     timeout_ms = request.query_params.get("timeout_ms")
     timeout_s = _timeout_s(timeout_ms)
@@ -101,10 +103,11 @@ async def infer(model: str, request: Request) -> Response:
                 raise CommandError(f"model {model!r} has inputs {[s.name for s in in_specs]}; "
                                    "name one with ?input=NAME or send JSON", field="input")
             name = in_specs[0].name
-        inputs = decode_npy(raw, name)
+        result = await infer_decoded(serving, resolved, decode_npy, raw, name,
+                                     timeout_s=timeout_s)
     else:
-        inputs = await off_loop(decode_json_inputs, raw)
-    result = await serving.infer(model, inputs, timeout_s=timeout_s, model=resolved)
+        result = await infer_decoded(serving, resolved, decode_json_inputs, raw,
+                                     timeout_s=timeout_s)
     outputs, plan = result.outputs, result.plan
     if "application/x-npy" in request.headers.get("accept", ""):
         wanted = request.query_params.get("output") or (next(iter(outputs))

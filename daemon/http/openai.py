@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError
+from edgepilot.http.api import api_of
 from edgepilot.serving.generate import Generator, StreamEnd
 
 router = APIRouter()
@@ -108,14 +109,13 @@ class CompletionRequest(Sampling):
 
 
 def _generator(request: Request) -> Generator:
-    gen: Generator = request.app.state.daemon.generator
-    return gen
+    return api_of(request).need_generator()
 
 
 @router.get("/v1/models", summary="Models this daemon can serve (OpenAI list shape)")
 async def list_models(request: Request) -> dict[str, Any]:
     gen = _generator(request)
-    created = int(request.app.state.daemon.started_at)
+    created = int(api_of(request).started_at)
     data = [{"id": m["name"], "object": "model", "created": created, "owned_by": "edgepilot",
              "kind": m.get("kind"), "loaded": m["loaded"], "worker_pid": m.get("worker_pid")}
             for m in gen.registry.listing()]

@@ -13,7 +13,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.errors import PlanError
+from edgepilot.http.api import api_of
 from edgepilot.http.auth import require_token
 
 router = APIRouter(tags=["plan"])
@@ -29,8 +31,8 @@ class PlanningOff(PlanError):
     http_status = 409
 
 
-def _dispatcher(request: Request) -> Any:
-    dispatcher = request.app.state.daemon.dispatcher
+def _dispatcher(request: Request) -> Dispatcher:
+    dispatcher = api_of(request).dispatcher
     if dispatcher is None:
         raise PlanningOff("per-layer planning is not available in this daemon (no dispatcher "
                           "attached); models run whole on their default target", field="model")

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from edgepilot.http.api import api_of
 from edgepilot.http.auth import require_token
 
 router = APIRouter()
@@ -25,15 +26,13 @@ class ProfileBody(BaseModel):
 
 @router.get("/v1/profile", summary="Active DVFS profile and the board's current clocks")
 async def get_profile(request: Request) -> dict[str, Any]:
-    daemon = request.app.state.daemon
-    result: dict[str, Any] = await daemon.commands.execute(daemon, "profile.get", {})
+    result: dict[str, Any] = await api_of(request).commands.execute("profile.get", {})
     return result
 
 
 @router.put("/v1/profile", dependencies=[Depends(require_token)],
             summary="Apply a DVFS profile (rolled back entirely on failure)")
 async def put_profile(request: Request, body: ProfileBody) -> dict[str, Any]:
-    daemon = request.app.state.daemon
-    result: dict[str, Any] = await daemon.commands.execute(daemon, "profile.apply",
-                                                           body.model_dump())
+    result: dict[str, Any] = await api_of(request).commands.execute("profile.apply",
+                                                                    body.model_dump())
     return result

@@ -7,14 +7,11 @@ import contextlib
 import logging
 import socket
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
 import uvicorn
 
 from edgepilot.errors import ConfigError
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
+from edgepilot.http.api import HttpApi
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +39,8 @@ class _Server(uvicorn.Server):
 class HttpServer:
     """Binds the socket up front (so port 0 and bind errors are known at start) and serves."""
 
-    def __init__(self, daemon: Daemon, host: str, port: int) -> None:
-        self.daemon = daemon
+    def __init__(self, api: HttpApi, host: str, port: int) -> None:
+        self.api = api
         self.host = host
         self.port = port
         self._server: _Server | None = None
@@ -76,8 +73,8 @@ class HttpServer:
         self.port = sock.getsockname()[1]
         self._sock = sock
         config = uvicorn.Config(
-            create_app(self.daemon), log_config=None, lifespan="off", access_log=False,
-            timeout_graceful_shutdown=int(max(1, self.daemon.config.daemon.drain_timeout_s)),
+            create_app(self.api), log_config=None, lifespan="off", access_log=False,
+            timeout_graceful_shutdown=int(max(1, self.api.config().daemon.drain_timeout_s)),
             limit_concurrency=None, server_header=False)
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="http")

@@ -7,13 +7,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from edgepilot.errors import NotFoundError
+from edgepilot.http.api import api_of
 
 router = APIRouter()
 
 
 @router.get("/v1/telemetry", summary="Latest telemetry sample (power, energy, clocks, work)")
 async def get_telemetry(request: Request) -> dict[str, Any]:
-    sampler = request.app.state.daemon.telemetry
+    sampler = api_of(request).telemetry
     if sampler is None:
         raise NotFoundError("telemetry is not running in this daemon", field=None)
     snapshot: dict[str, Any] = sampler.snapshot()

@@ -23,19 +23,17 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edgepilot.command_registry import reply_for
-from edgepilot.errors import BusyError, CommandError, EdgepilotError
+from edgepilot.command_registry import CommandRegistry, reply_for
+from edgepilot.errors import BusyError, CommandError, EdgepilotError, NotFoundError
 from edgepilot.mqtt.outbox import OutMessage
 from edgepilot.mqtt.topics import Topics
+from edgepilot.serving.core import Serving
 from edgepilot.serving.infer_command import NPZ_CONTENT_TYPE, infer_npz
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +48,12 @@ NO_REPLAY = frozenset({"infer"})
 class CommandTransport:
     """Turns command messages into registry calls and replies; runs on the daemon loop."""
 
-    def __init__(self, daemon: Daemon, topics: Topics, send: Callable[[OutMessage], None], *,
+    def __init__(self, commands: CommandRegistry, topics: Topics,
+                 send: Callable[[OutMessage], None], *, serving: Serving | None = None,
                  qos: int, v5: bool, max_payload_bytes: int) -> None:
-        self.daemon = daemon
+        """``serving``: where a binary (``.npz``) infer goes (None: refused)."""
+        self.commands = commands
+        self.serving = serving
         self.topics = topics
         self.send = send
         self.qos = qos
@@ -158,7 +159,7 @@ class CommandTransport:
     async def _run(self, verb: str, params: Any, reply_topic: str, correlation: bytes | None,
                    req_id: str | None, key: tuple[str, str] | None) -> None:
         try:
-            result = await self.daemon.commands.execute(self.daemon, verb, params)
+            result = await self.commands.execute(verb, params)
             body = reply_for(result)
         except Exception as exc:  # every failure becomes an error reply; the daemon goes on
             body = reply_for(exc=exc)
@@ -204,7 +205,9 @@ class CommandTransport:
     async def _run_npz(self, payload: bytes, model: str | None, timeout_ms: str | None,
                        reply_topic: str, correlation: bytes | None) -> None:
         try:
-            body, meta = await infer_npz(self.daemon.serving, payload, model, timeout_ms)
+            if self.serving is None:
+                raise NotFoundError("models are not served by this daemon", field="model")
+            body, meta = await infer_npz(self.serving, payload, model, timeout_ms)
         except Exception as exc:  # every failure becomes a (JSON) error reply
             self.handled += 1
             self._reply(reply_topic, correlation, None, reply_for(exc=exc))

@@ -131,7 +131,7 @@ class MqttLink:
     def connected(self) -> bool:
         return self._connected
 
-    # ---- lifecycle --------------------------------------------------------------------------
+    # ---- start and stop ---------------------------------------------------------------------
     def start(self) -> None:
         """Begin connecting in the background; returns at once (the broker may be down)."""
         self._connect_async(clean_start=True)

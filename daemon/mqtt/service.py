@@ -1,6 +1,6 @@
 """Attach point of MQTT: telemetry, events and status out; commands in (see link, commands).
 
-``daemon.mqtt`` is the :class:`MqttService`. Topics live under ``<prefix>/<device_id>/``:
+:class:`MqttService` is the service. Topics live under ``<prefix>/<device_id>/``:
 ``status`` (retained; ``offline`` is the last will), ``telemetry``, ``events``, ``cmd/<verb>`` and
 ``reply/<verb>``; fleet commands on ``<prefix>/group/<group>/cmd/<verb>``.
 """
@@ -12,11 +12,14 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from edgepilot import __version__
+from edgepilot.blocking import RunBlocking
+from edgepilot.command_registry import CommandRegistry
 from edgepilot.config import Config
-from edgepilot.events import Event
+from edgepilot.events import Event, EventBus
 from edgepilot.mqtt.commands import CommandTransport
 from edgepilot.mqtt.discovery import Discovery
 from edgepilot.mqtt.link import MqttLink
@@ -24,10 +27,8 @@ from edgepilot.mqtt.outbox import Outbox, OutMessage
 from edgepilot.mqtt.state_report import SPOOL_FILE
 from edgepilot.mqtt.takeover import Takeover
 from edgepilot.mqtt.topics import Topics
-from edgepilot.status import status_snapshot
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon, Service
+from edgepilot.serving.core import Serving
+from edgepilot.telemetry.sampler import TelemetrySampler
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +42,23 @@ class MqttService:
 
     name = "mqtt"
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self._setup(daemon.config)
+    def __init__(self, config: Config, *, events: EventBus, commands: CommandRegistry,
+                 serving: Serving | None, status: Callable[[], dict[str, Any]],
+                 telemetry: TelemetrySampler | None, run_blocking: RunBlocking) -> None:
+        """``status()``: the retained status's fields; ``serving``: binary ``infer``'s."""
+        self.events = events
+        self.commands = commands
+        self.serving = serving
+        self.status = status
+        self.telemetry = telemetry
+        self.run_blocking = run_blocking
+        self._setup(config)
 
     def _setup(self, config: Config) -> None:
         cfg = config.mqtt
         self.cfg = cfg
         self.topics = Topics(cfg.topic_prefix, cfg.device_id, tuple(cfg.groups))
-        spool = self.daemon.state_dir / SPOOL_FILE if cfg.spool else None
+        spool = config.state_dir / SPOOL_FILE if cfg.spool else None
         self.outbox = Outbox(cfg.buffer_size, spool)
         self.discovery = Discovery(self.topics, cfg.homeassistant_prefix, cfg.qos)
         self.link: MqttLink | None = None
@@ -62,9 +71,9 @@ class MqttService:
                            "version": __version__, "reason": reason}).encode()
 
     def status_payload(self) -> bytes:
-        """The retained ``online`` status: ``status_snapshot`` plus state and device id."""
+        """The retained ``online`` status: the status snapshot plus state and device id."""
         try:
-            snap = status_snapshot(self.daemon)
+            snap = self.status()
         except Exception:  # a half-started component must not keep us from saying "online"
             log.exception("status snapshot failed; publishing a minimal status")
             snap = {"version": __version__}
@@ -107,14 +116,14 @@ class MqttService:
 
     def _on_connected(self) -> None:
         self.discovery.reset()
-        telemetry = self.daemon.telemetry
+        telemetry = self.telemetry
         if self.cfg.homeassistant_discovery and telemetry is not None and self.link is not None:
             for msg in self.discovery.messages(telemetry.snapshot()):
                 self.link.send(msg)
 
     def _on_taken_over(self, taken: Takeover) -> None:
         # queued like any event: it reaches the bus once this daemon holds the session again
-        self.daemon.events.emit("mqtt.session_taken_over", **taken.fields())
+        self.events.emit("mqtt.session_taken_over", **taken.fields())
 
     def _send(self, msg: OutMessage) -> None:
         if self.link is not None:
@@ -130,10 +139,11 @@ class MqttService:
             return
         loop = asyncio.get_running_loop()
         if load_spool:
-            restored = await self.daemon.run_blocking(self.outbox.load)
+            restored = await self.run_blocking(self.outbox.load)
             if restored:
                 log.info("restored %d spooled MQTT messages", restored)
-        self.transport = CommandTransport(self.daemon, self.topics, self._send, qos=self.cfg.qos,
+        self.transport = CommandTransport(self.commands, self.topics, self._send,
+                                          serving=self.serving, qos=self.cfg.qos,
                                           v5=self.cfg.protocol == "5",
                                           max_payload_bytes=self.cfg.max_payload_bytes)
         self.link = MqttLink(self.cfg, self.topics, self.outbox, loop=loop,
@@ -141,7 +151,7 @@ class MqttService:
                              on_command=self.transport.on_message,
                              on_connected=self._on_connected,
                              on_taken_over=self._on_taken_over)
-        self.daemon.events.subscribe(self._on_event)
+        self.events.subscribe(self._on_event)
         self.link.start()
         if self.outbox.spool_path is not None:
             self._spool_task = asyncio.create_task(self._spool_loop(), name="mqtt-spool")
@@ -157,7 +167,7 @@ class MqttService:
                 log.info("spooled %d unsent MQTT messages to %s", saved, self.outbox.spool_path)
 
     async def _stop_link(self) -> None:
-        self.daemon.events.unsubscribe(self._on_event)
+        self.events.unsubscribe(self._on_event)
         if self._spool_task is not None:
             self._spool_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -186,7 +196,7 @@ class MqttService:
         # when the buffer changed, and removed once the buffer is empty again
         while True:
             await asyncio.sleep(SPOOL_PERIOD_S)
-            await self.daemon.run_blocking(self.outbox.save)
+            await self.run_blocking(self.outbox.save)
 
 
 def _drain_all(outbox: Outbox) -> list[OutMessage]:
@@ -196,12 +206,14 @@ def _drain_all(outbox: Outbox) -> list[OutMessage]:
     return out
 
 
-def attach(daemon: Daemon) -> list[Service]:
-    """Create the MQTT service (``daemon.mqtt``) and feed it telemetry reports."""
-    svc = MqttService(daemon)
-    daemon.mqtt = svc
-    telemetry = daemon.telemetry
+def attach(config: Config, *, events: EventBus, commands: CommandRegistry,
+           serving: Serving | None, status: Callable[[], dict[str, Any]],
+           telemetry: TelemetrySampler | None, run_blocking: RunBlocking) -> MqttService:
+    """Build the MQTT service and feed it every telemetry report (and its link's state into
+    them)."""
+    service = MqttService(config, events=events, commands=commands, serving=serving,
+                          status=status, telemetry=telemetry, run_blocking=run_blocking)
     if telemetry is not None:
-        telemetry.add_listener(svc._on_report)
-        telemetry.add_extra(svc.stats)
-    return [svc]
+        telemetry.add_listener(service._on_report)
+        telemetry.add_extra(service.stats)
+    return service

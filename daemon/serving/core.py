@@ -91,7 +91,7 @@ class Serving:
     # ---- the request -------------------------------------------------------------------------
     def tensor_model(self, name: str) -> ResolvedModel:
         """The tensor model ``name`` (404 for unknown names, 400 for a GGUF model)."""
-        model = self.registry.resolve(name)
+        model = self.registry.catalog.resolve(name)
         if model.kind == "gguf":
             raise CommandError(f"model {name!r} is a GGUF language model; use "
                                "POST /v1/chat/completions or /v1/completions", field="model")

@@ -19,11 +19,16 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgepilot.dispatch.planning.plan import device_of
 from edgepilot.errors import BusyError, PlanError
+
+# how long a measurement waits for the devices before giving up (requests keep them busy)
+HOLD_TIMEOUT_S = 300.0
 
 
 @dataclass(eq=False)
@@ -164,8 +169,11 @@ class DeviceQueue:
 class DeviceQueues:
     """The queues of every physical device, created on first use."""
 
-    def __init__(self, max_waiting: int) -> None:
+    def __init__(self, max_waiting: int,
+                 loop: Callable[[], asyncio.AbstractEventLoop | None] = lambda: None) -> None:
+        """``loop()``: the daemon's event loop once it runs (None before, and in the CLI)."""
         self.max_waiting = max_waiting
+        self._loop = loop
         self.closed = False
         self._queues: dict[str, DeviceQueue] = {}
         self._lock = threading.Lock()
@@ -230,3 +238,18 @@ class DeviceQueues:
         finally:
             for q in reversed(held):
                 q.release()
+
+    def hold_devices(self) -> AbstractContextManager[Any]:
+        """For the daemon's own measurements, from a worker thread: hold every device queue
+        for the body of a ``with``, so that no request runs while a round is timed (the cores
+        are shared by every runtime). A no-op outside a running daemon (CLI) and on the loop's
+        own thread, which must never block."""
+        loop = self._loop()
+        if loop is None or not loop.is_running():
+            return nullcontext()
+        try:
+            if asyncio.get_running_loop() is loop:
+                return nullcontext()
+        except RuntimeError:
+            pass
+        return self.hold_all(HOLD_TIMEOUT_S)

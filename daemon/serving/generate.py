@@ -92,7 +92,7 @@ class Generator:
         """A finished OpenAI response dict, or (``stream``) an async iterator of chunk dicts
         ending with a :class:`StreamEnd`; a runtime error mid-stream is yielded as the
         exception itself (the interface formats it), before the end."""
-        model = self.registry.resolve(name)
+        model = self.registry.catalog.resolve(name)
         if model.kind != "gguf":
             raise CommandError(f"model {name!r} is a {model.kind} tensor model; send tensors to "
                                f"POST /v1/infer/{name}", field="model")

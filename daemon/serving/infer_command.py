@@ -9,26 +9,23 @@ with the tensors kept binary both ways.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgepilot.command_registry import CommandRegistry, validation_to_command_error
 from edgepilot.errors import CommandError
+from edgepilot.formats.files import ResolvedModel
 from edgepilot.formats.tensor_json import (
     tensors_from_json,
     tensors_from_npz,
     tensors_to_json,
     tensors_to_npz,
 )
-from edgepilot.serving.core import InferResult, Serving
+from edgepilot.serving.core import InferResult, Serving, Tensors
+from edgepilot.serving.offload import off_loop
 
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
-
-T = TypeVar("T")
 NPZ_CONTENT_TYPE = "application/x-npz"
 
 
@@ -46,10 +43,16 @@ class InferParams(BaseModel):
         description="How long the request may wait for its devices before it is refused.")
 
 
-async def _off_loop(fn: Callable[..., T], *args: Any) -> T:
-    # Turning megabytes of JSON lists into arrays (and back) takes long enough to stall the
-    # event loop; the loop's default pool keeps it off the inference executor's threads.
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+async def infer_decoded(serving: Serving, model: ResolvedModel,
+                        decode: Callable[..., Tensors], *args: Any,
+                        timeout_s: float | None = None) -> InferResult:
+    """Decode a request's inputs off the loop (``decode(*args)``, bounded) and serve it.
+
+    The caller resolves ``model`` first (``serving.tensor_model``), so an unknown or GGUF
+    model is refused before any tensor is decoded. HTTP and both MQTT forms come here.
+    """
+    inputs = await off_loop(decode, *args)
+    return await serving.infer(model.name, inputs, timeout_s=timeout_s, model=model)
 
 
 def _timeout_s(params: InferParams) -> float | None:
@@ -62,9 +65,8 @@ async def serve(serving: Serving, params: InferParams) -> InferResult:
     The model is resolved first, so an unknown or GGUF model is refused before any tensor is
     decoded.
     """
-    model = serving.tensor_model(params.model)
-    inputs = await _off_loop(tensors_from_json, params.inputs, "inputs")
-    return await serving.infer(params.model, inputs, timeout_s=_timeout_s(params), model=model)
+    return await infer_decoded(serving, serving.tensor_model(params.model), tensors_from_json,
+                               params.inputs, "inputs", timeout_s=_timeout_s(params))
 
 
 def npz_params(model: str | None, timeout_ms: str | None) -> InferParams:
@@ -87,11 +89,9 @@ async def infer_npz(serving: Serving, payload: bytes, model: str | None,
     ``energy_j`` as strings for the reply's user properties (``energy_j`` empty when unknown).
     Raises the same errors as the JSON command."""
     params = npz_params(model, timeout_ms)
-    model = serving.tensor_model(params.model)  # unknown / GGUF refused before decoding
-    inputs = await _off_loop(tensors_from_npz, payload, "inputs")
-    result = await serving.infer(params.model, inputs, timeout_s=_timeout_s(params),
-                                 model=model)
-    body = await _off_loop(tensors_to_npz, result.outputs)
+    result = await infer_decoded(serving, serving.tensor_model(params.model), tensors_from_npz,
+                                 payload, "inputs", timeout_s=_timeout_s(params))
+    body = await off_loop(tensors_to_npz, result.outputs)
     meta = {"plan": result.plan, "latency_ms": f"{result.latency_ms:.3f}",
             "energy_j": "" if result.energy_j is None else repr(result.energy_j)}
     return body, meta
@@ -100,9 +100,9 @@ async def infer_npz(serving: Serving, payload: bytes, model: str | None,
 def register_infer(commands: CommandRegistry, serving: Serving) -> None:
     """Register ``infer`` (JSON tensors in and out) on the registry shared by HTTP and MQTT."""
 
-    async def _infer(_daemon: Daemon, params: InferParams) -> dict[str, Any]:
+    async def _infer(params: InferParams) -> dict[str, Any]:
         result = await serve(serving, params)
-        return {"outputs": await _off_loop(tensors_to_json, result.outputs),
+        return {"outputs": await off_loop(tensors_to_json, result.outputs),
                 "plan": result.plan, "latency_ms": result.latency_ms,
                 "energy_j": result.energy_j}
 

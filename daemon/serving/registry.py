@@ -1,8 +1,9 @@
-"""The model registry: which models exist, which are resident, and on what.
+"""The model registry: which models are resident, and on what.
 
-Models come from ``[[models]]`` config entries and from files dropped in the model dir (named by
-their stem). Loading verifies the file (inside the model dir, sha256 when pinned), estimates its
-memory (GGUF: weights + KV cache; ONNX/TFLite: model + packed weights + peak activations, see
+Which models exist is the :class:`~edgepilot.formats.catalog.ModelCatalog`'s: ``[[models]]``
+config entries and files dropped in the model dir (named by their stem). Loading verifies the
+file (inside the model dir, sha256 when pinned), estimates its memory (GGUF: weights + KV
+cache; ONNX/TFLite: model + packed weights + peak activations, see
 :mod:`edgepilot.formats.memory`) against the budget, and compiles it whole on its default
 target. Compiled plan executables count against the same budget: a load that does not fit
 first evicts what is idle, least recently used first (a log line each), and is refused with the
@@ -15,33 +16,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
 from edgepilot.backends.llamacpp.backend import LlamaCppBackend, LlamaExecutable
-from edgepilot.config import Config, ModelEntry
+from edgepilot.blocking import RunBlocking
+from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.gguf.plans import GgufDispatch
-from edgepilot.errors import BackendError, ModelError, NotFoundError
+from edgepilot.errors import BackendError, ModelError
 from edgepilot.formats import files
+from edgepilot.formats.catalog import ModelCatalog
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 from edgepilot.formats.io import tensor_specs
 from edgepilot.formats.memory import tensor_memory
 from edgepilot.serving.devices import DeviceQueues
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-RunBlocking = Callable[..., Awaitable[Any]]
 MiB = 1024 * 1024
-# how long a measurement waits for the devices before giving up (requests keep them busy)
-HOLD_TIMEOUT_S = 300.0
 # default target per kind: first of these whose backend is installed and supports the file
 DEFAULT_TARGETS: dict[str, list[tuple[str, str]]] = {
     "onnx": [("onnxruntime", "cpu")],
@@ -73,60 +70,33 @@ class LoadedModel:
 
 
 class ModelRegistry:
-    """Entries, resident models, the memory budget. Async methods run on the daemon loop."""
+    """Resident models, the memory budget. Async methods run on the daemon loop."""
 
-    def __init__(self, config: Config, *, backends: BackendSet, devices: DeviceQueues,
-                 emit: Callable[..., None], run_blocking: RunBlocking,
-                 dispatcher: Dispatcher | None = None,
-                 loop: Callable[[], asyncio.AbstractEventLoop | None] | None = None) -> None:
+    def __init__(self, config: Config, *, catalog: ModelCatalog, backends: BackendSet,
+                 devices: DeviceQueues, emit: Callable[..., object], run_blocking: RunBlocking,
+                 dispatcher: Dispatcher | None = None) -> None:
+        """``dispatcher``: its plan executables count in the memory budget (and are evicted
+        like idle models); GGUF models load with its plan's settings. None: no planning."""
         self.config = config
+        self.catalog = catalog
         self.backends = backends
         self.devices = devices
         self.emit = emit
         self.run_blocking = run_blocking
-        # plan executables (their memory, LRU eviction) and GGUF plans (load settings)
         self.dispatcher = dispatcher
-        self._loop = loop or (lambda: None)
-        self.extra: list[ModelEntry] = []   # demo models, when the config names none
         self.loaded: dict[str, LoadedModel] = {}
         self.errors: dict[str, str] = {}
         self._load_locks: dict[str, asyncio.Lock] = {}
 
-    @property
-    def model_dir(self) -> Path:
-        return self.config.model_dir
-
-    # ---- what exists ---------------------------------------------------------------------------
-    def entries(self) -> dict[str, ModelEntry]:
-        """Config entries, then demo entries, then files dropped in the model dir."""
-        configured = list(self.config.models)
-        names = {e.name for e in configured}
-        configured += [e for e in self.extra if e.name not in names]
-        return files.discover(self.model_dir, configured)
-
-    def entry(self, name: str) -> ModelEntry:
-        entries = self.entries()
-        if name not in entries:
-            raise NotFoundError(f"unknown model {name!r}; available: "
-                                f"{', '.join(sorted(entries)) or 'none (model dir is empty)'}",
-                                field="model")
-        return entries[name]
-
-    def resolve(self, name: str) -> files.ResolvedModel:
-        """The model's file (inside the model dir) and kind; NotFound/ModelError otherwise."""
-        return files.resolve(self.model_dir, self.entry(name))
-
-    def resolve_path(self, name: str) -> Path:
-        """The verified file of ``name`` (inside the model dir, sha256 checked when pinned);
-        the dispatcher finds models through this."""
-        model = self.resolve(name)
-        files.verify(model)
-        return model.path
+    def reload(self, config: Config) -> None:
+        """A reloaded config: its budget and entries from now on (the catalog's too)."""
+        self.config = config
+        self.catalog.reload(config.model_dir, config.models)
 
     def listing(self) -> list[dict[str, Any]]:
         """Plain data for ``model.list`` and ``/v1/models``."""
         out = []
-        for name, entry in sorted(self.entries().items()):
+        for name, entry in sorted(self.catalog.entries().items()):
             item: dict[str, Any] = {"name": name, "file": str(entry.file), "kind": entry.kind,
                                     "loaded": name in self.loaded}
             try:
@@ -274,26 +244,6 @@ class ModelRegistry:
             return None
         return md if isinstance(md, GgufDispatch) else None
 
-    def hold_devices(self) -> AbstractContextManager[Any]:
-        """For the daemon's own measurements, from a worker thread: hold every device queue
-        for the body of a ``with``, so that no request runs while a round is timed (the cores
-        are shared by every runtime). A no-op outside a running daemon (CLI) and on the loop's
-        own thread, which must never block."""
-        loop = self._loop()
-        if loop is None or not loop.is_running():
-            return nullcontext()
-        try:
-            if asyncio.get_running_loop() is loop:
-                return nullcontext()
-        except RuntimeError:
-            pass
-        return self._hold_all()
-
-    @contextmanager
-    def _hold_all(self) -> Iterator[None]:
-        with self.devices.hold_all(HOLD_TIMEOUT_S):
-            yield
-
     def default_target(self, model: files.ResolvedModel) -> tuple[Backend, Target, Segment]:
         """First installed target that runs the whole model (see DEFAULT_TARGETS)."""
         ins, outs = tensor_specs(model.path, model.kind)
@@ -322,12 +272,14 @@ class ModelRegistry:
 
     async def load(self, name: str) -> LoadedModel:
         """Make ``name`` resident (no-op when it is); emits ``model.loaded``."""
-        self.entry(name)  # unknown names are a 404 before anything is kept for them
+        lm = self.loaded.get(name)
+        if lm is not None:
+            return lm
+        model = self.catalog.resolve(name)  # unknown names are a 404 before anything is kept
         lock = self._load_locks.setdefault(name, asyncio.Lock())
         async with lock:
             if name in self.loaded:
                 return self.loaded[name]
-            model = self.resolve(name)
             started = time.monotonic()
             try:
                 need, detail = await self.run_blocking(self._estimate, model)
@@ -352,7 +304,7 @@ class ModelRegistry:
         """
         lm = self.loaded.get(name)
         if lm is None:
-            self.entry(name)  # unknown names are a 404, known-but-idle ones just False
+            self.catalog.entry(name)  # unknown names are a 404, known-but-idle ones just False
             return False
         self.loaded.pop(name, None)
         while lm.in_use > 0:

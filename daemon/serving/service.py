@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from edgepilot.backends.backend_set import BackendSet
-from edgepilot.command_registry import NoParams
-from edgepilot.config import Config
+from edgepilot.blocking import RunBlocking
+from edgepilot.command_registry import CommandRegistry, NoParams
+from edgepilot.config import Config, ConfigSource
+from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.errors import ConfigError, EdgepilotError
+from edgepilot.events import EventBus
 from edgepilot.formats import files
+from edgepilot.formats.catalog import ModelCatalog
+from edgepilot.readiness import Readiness
 from edgepilot.serving.core import Serving
 from edgepilot.serving.devices import DeviceQueues
 from edgepilot.serving.generate import Generator
 from edgepilot.serving.infer_command import register_infer
 from edgepilot.serving.probes import run_selftests, target_status
 from edgepilot.serving.registry import ModelRegistry
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon, Service
+from edgepilot.telemetry.work import WorkMeter
 
 log = logging.getLogger(__name__)
 REAP_INTERVAL_S = 1.0
@@ -35,42 +40,33 @@ class ModelName(BaseModel):
                       description="Model name (see model.list).")
 
 
-async def _load(daemon: Daemon, params: ModelName) -> dict[str, Any]:
-    lm = await daemon.models.load(params.name)
-    return {"name": params.name, "loaded": True, "target": str(lm.executable.target),
-            "memory_bytes": lm.memory_bytes}
-
-
-async def _unload(daemon: Daemon, params: ModelName) -> dict[str, Any]:
-    was = await daemon.models.unload(params.name)
-    return {"name": params.name, "loaded": False, "was_loaded": was}
-
-
-async def _list(daemon: Daemon, _: NoParams) -> dict[str, Any]:
-    return {"models": daemon.models.listing()}
-
-
 class ModelsService:
     """Demo models and load-at-start on start; idle unloads while running; unload all on stop."""
 
     name = "models"
 
-    def __init__(self, daemon: Daemon, registry: ModelRegistry) -> None:
-        self.daemon = daemon
+    def __init__(self, registry: ModelRegistry, serving: Serving, *, config: ConfigSource,
+                 events: EventBus, readiness: Readiness, run_blocking: RunBlocking) -> None:
         self.registry = registry
+        self.catalog = registry.catalog
+        self.backends = registry.backends
+        self.serving = serving
+        self.config = config
+        self.events = events
+        self.readiness = readiness
+        self.run_blocking = run_blocking
         self._reaper: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
         self.failed: dict[str, str] = {}  # configured model -> why it did not load at start
 
     async def start(self) -> None:
-        cfg = self.daemon.config
-        self.daemon.set_ready("models", "loading models")
+        cfg = self.config()
+        self.readiness.set("models", "loading models")
         if cfg.daemon.demo_models and not cfg.models:
             from edgepilot.formats.demo import ensure_demo_models
 
-            self.registry.extra = await self.daemon.run_blocking(
-                ensure_demo_models, self.daemon.model_dir)
-        self.daemon.events.subscribe(self._on_event)
+            self.catalog.extra = await self.run_blocking(ensure_demo_models, cfg.model_dir)
+        self.events.subscribe(self._on_event)
         for entry in cfg.models:
             if not entry.load_at_start:
                 continue
@@ -89,27 +85,27 @@ class ModelsService:
         """Run each backend target's tiny probe once (``edgepilot doctor``'s) in the
         background; ``/readyz`` shows the results and says not ready when no target passed,
         which a daemon that can load its runtimes yet compute nothing would otherwise hide."""
-        self.daemon.serving.targets = {"*": "probing"}
+        self.serving.targets = {"*": "probing"}
         try:
-            results = await self.daemon.run_blocking(
-                run_selftests, self.daemon.config, None, self.daemon.backends.get)
+            results = await self.run_blocking(
+                run_selftests, self.config(), None, self.backends.get)
         except Exception as exc:
             log.exception("backend target probes could not run")
-            self.daemon.serving.targets = {"*": f"probes could not run: {exc}"}
+            self.serving.targets = {"*": f"probes could not run: {exc}"}
             return
-        self.daemon.serving.targets = target_status(results)
-        failed = sorted(t for t, s in self.daemon.serving.targets.items() if s == "FAIL")
+        self.serving.targets = target_status(results)
+        failed = sorted(t for t, s in self.serving.targets.items() if s == "FAIL")
         if failed:
             log.warning("backend targets that failed their probe: %s (edgepilot doctor says "
                         "why)", ", ".join(failed))
-        if "PASS" not in self.daemon.serving.targets.values():
-            self.daemon.set_ready("targets", "no backend target passed its probe; run "
+        if "PASS" not in self.serving.targets.values():
+            self.readiness.set("targets", "no backend target passed its probe; run "
                                              "`edgepilot doctor` for the reasons")
 
     def _update_ready(self) -> None:
         reason = "; ".join(f"model {n!r} failed to load: {m}"
                            for n, m in sorted(self.failed.items()))
-        self.daemon.set_ready("models", reason or None)
+        self.readiness.set("models", reason or None)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         if event["type"] == "model.loaded" and self.failed.pop(event.get("model", ""), None):
@@ -153,8 +149,8 @@ class ModelsService:
         """
         before = {e.name: e for e in old.models}
         after = {e.name: e for e in new.models}
-        self.registry.config = new
-        current = self.registry.entries()
+        self.registry.reload(new)
+        current = self.catalog.entries()
         for name in list(self.registry.loaded):
             if name not in current or (name in before and name not in after):
                 reason = "removed from config"
@@ -166,42 +162,69 @@ class ModelsService:
                 await self.registry.unload(name, reason=reason)
             except EdgepilotError as exc:  # one stuck model must not stop the others
                 log.error("model %s not unloaded on reload: %s", name, exc.message)
-        self.registry.config = new
-        self.registry.backends.reset(_options(new), new.backends.enabled)
-        self.daemon.serving.reload(new)
+        self.backends.reset(backend_options(new), new.backends.enabled)
+        self.serving.reload(new)
         for name in list(self.failed):
             if name not in after or before.get(name) != after.get(name):
                 self.failed.pop(name)  # gone, or it gets another chance with its new entry
         self._update_ready()
 
 
-def _options(config: Config) -> Callable[[str], Any]:
+def backend_options(config: Config) -> Callable[[str], Any]:
     """A backend's options section by backend name (None: the backend's defaults)."""
     return lambda name: getattr(config.backends, name, None)
 
 
-def attach(daemon: Daemon) -> list[Service]:
-    """Build the serving layer: device queues, the one set of backends, the registry, the
-    request owners for tensors (``daemon.serving``) and generation (``daemon.generator``).
-    The dispatcher is attached after (it needs the registry) and wired in by the daemon."""
-    cfg = daemon.config
-    daemon.devices = DeviceQueues(cfg.http.max_queue)
-    daemon.backends = BackendSet(_options(cfg), cfg.backends.enabled, cfg.state_dir / "cache")
-    # faults and restarts of tensor workers ([backends.<name>] isolation = "process")
-    daemon.backends.emit = daemon.events.emit
-    registry = ModelRegistry(cfg, backends=daemon.backends, devices=daemon.devices,
-                             emit=daemon.events.emit, run_blocking=daemon.run_blocking,
-                             loop=daemon.running_loop)
-    daemon.models = registry
-    daemon.serving = Serving(cfg, registry=registry, devices=daemon.devices, work=daemon.work,
-                             dispatcher=None, executor=daemon.executor)
-    daemon.generator = Generator(registry=registry, devices=daemon.devices, work=daemon.work,
-                                 executor=daemon.executor)
-    daemon.commands.register("model.load", ModelName, _load, mutating=True,
-                             summary="Load a model now (verify, estimate memory, compile)")
-    daemon.commands.register("model.unload", ModelName, _unload, mutating=True,
-                             summary="Unload a model (it reloads on its next request)")
-    daemon.commands.register("model.list", NoParams, _list,
-                             summary="Models: configured and in the model dir, loaded or not")
-    register_infer(daemon.commands, daemon.serving)
-    return [ModelsService(daemon, registry)]
+@dataclass(frozen=True)
+class ServingParts:
+    """What :func:`attach` built: the registry, the request owners and the models service."""
+
+    registry: ModelRegistry
+    serving: Serving
+    generator: Generator
+    service: ModelsService
+
+
+def register_model_commands(commands: CommandRegistry, registry: ModelRegistry) -> None:
+    """``model.load|unload|list``, answered by ``registry``."""
+
+    async def load(params: ModelName) -> dict[str, Any]:
+        lm = await registry.load(params.name)
+        return {"name": params.name, "loaded": True, "target": str(lm.executable.target),
+                "memory_bytes": lm.memory_bytes}
+
+    async def unload(params: ModelName) -> dict[str, Any]:
+        was = await registry.unload(params.name)
+        return {"name": params.name, "loaded": False, "was_loaded": was}
+
+    async def listing(_: NoParams) -> dict[str, Any]:
+        return {"models": registry.listing()}
+
+    commands.register("model.load", ModelName, load, mutating=True,
+                      summary="Load a model now (verify, estimate memory, compile)")
+    commands.register("model.unload", ModelName, unload, mutating=True,
+                      summary="Unload a model (it reloads on its next request)")
+    commands.register("model.list", NoParams, listing,
+                      summary="Models: configured and in the model dir, loaded or not")
+
+
+def attach(commands: CommandRegistry, config: Config, *, live: ConfigSource,
+           catalog: ModelCatalog, backends: BackendSet, devices: DeviceQueues,
+           dispatcher: Dispatcher | None, work: WorkMeter, events: EventBus,
+           readiness: Readiness, run_blocking: RunBlocking,
+           executor: concurrent.futures.Executor) -> ServingParts:
+    """Build the serving layer over the shared catalog, backends and device queues: the
+    registry, the request owners for tensors (:class:`Serving`) and generation
+    (:class:`Generator`), their commands and the models service. ``dispatcher`` (None: no
+    per-layer planning) is built first, over the same catalog; ``live`` is the config in
+    force, ``config`` the one to start with."""
+    registry = ModelRegistry(config, catalog=catalog, backends=backends, devices=devices,
+                             emit=events.emit, run_blocking=run_blocking, dispatcher=dispatcher)
+    serving = Serving(config, registry=registry, devices=devices, work=work,
+                      dispatcher=dispatcher, executor=executor)
+    generator = Generator(registry=registry, devices=devices, work=work, executor=executor)
+    register_model_commands(commands, registry)
+    register_infer(commands, serving)
+    service = ModelsService(registry, serving, config=live, events=events, readiness=readiness,
+                            run_blocking=run_blocking)
+    return ServingParts(registry, serving, generator, service)

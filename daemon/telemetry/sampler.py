@@ -5,8 +5,8 @@ is integrated into energy and thermal zones are checked; every ``publish_interva
 with a persistent ``seq`` is built and handed to listeners (MQTT). Missing sensors are absent
 fields, never zeros. The sampler keeps going whatever a sensor or a listener does.
 
-It is also the :class:`~edgepilot.telemetry.work.WorkMeter`'s attributor: the energy of one
-request is :meth:`TelemetrySampler.attribute` over the request's wall time.
+It fills the :class:`~edgepilot.telemetry.power_history.PowerHistory` the
+:class:`~edgepilot.telemetry.work.WorkMeter` reads one request's energy from.
 """
 
 from __future__ import annotations
@@ -15,23 +15,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from bisect import bisect_right
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import psutil
 
-from edgepilot.telemetry.apportion import Apportioned, PowerSample, apportion
-from edgepilot.telemetry.energy import EnergyIntegrator
+from edgepilot.blocking import RunBlocking
+from edgepilot.config import ConfigSource
+from edgepilot.events import EventBus
+from edgepilot.readiness import Readiness
+from edgepilot.telemetry.apportion import Apportioned, apportion
+from edgepilot.telemetry.power_history import PowerHistory, power_points
 from edgepilot.telemetry.seq import SEQ_FILE, PersistentSeq
 from edgepilot.telemetry.thermal_warn import ThermalWarner
-from edgepilot.telemetry.work import WorkStats
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon
+from edgepilot.telemetry.work import WorkMeter, WorkStats
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +41,7 @@ Extra = Callable[[], Mapping[str, Any]]
 # the board's energy_j is its raw energy counters (RAPL), ours is the integral of power_w
 _RENAMED = {"energy_j": "board_energy_j"}
 _SKIPPED = ("ts",)
-# power samples kept for apportioning: a window of up to 3600 s at 10 Hz, plus slack
-_MAX_POWER_SAMPLES = 40_000
-# keys of apportion()'s busy map when one request's share is wanted (no model name has a NUL)
-_SELF, _OTHERS = "\0request", "\0others"
+__all__ = ["ActiveProfile", "BoardLike", "RawSample", "TelemetrySampler", "power_points"]
 
 
 class BoardSampleLike(Protocol):
@@ -79,37 +75,10 @@ def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, (dict, list)) and not value)
 
 
-def _time(sample: PowerSample) -> float:
-    return sample[0]
+class ActiveProfile(Protocol):
+    """The DVFS profile manager, as telemetry sees it: each sample names the profile in force."""
 
-
-def power_points(samples: Sequence[PowerSample], start: float,
-                 end: float) -> list[PowerSample] | None:
-    """The power curve over [start, end] as apportion() points: the power at ``start``, every
-    sample strictly inside, and the power at ``end``. Between two samples power is linear (the
-    integrator's trapezoids); after the last sample it is held at that sample's value, because
-    a request usually ends before the next sample is taken and must be answered now. Before
-    the first sample kept, and next to an unreadable sample, it is unknown (None). Returns None
-    when no stretch of [start, end] has a known power."""
-    if not samples:
-        return None
-
-    def at(t: float) -> float | None:
-        i = bisect_right(samples, t, key=_time)
-        if i == 0:
-            return None
-        t0, p0 = samples[i - 1]
-        if t == t0 or i == len(samples) or p0 is None:
-            return p0
-        t1, p1 = samples[i]
-        if p1 is None:
-            return None
-        return p0 + (p1 - p0) * (t - t0) / (t1 - t0)
-
-    inside = samples[bisect_right(samples, start, key=_time):bisect_right(samples, end, key=_time)]
-    points = [(start, at(start)), *((t, p) for t, p in inside if t < end), (end, at(end))]
-    known = any(a[1] is not None and b[1] is not None for a, b in pairwise(points))
-    return points if known else None
+    active_name: str | None
 
 
 class TelemetrySampler:
@@ -122,26 +91,33 @@ class TelemetrySampler:
 
     name = "telemetry"
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
-        self.seq = PersistentSeq(daemon.state_dir / SEQ_FILE)
-        self.energy = EnergyIntegrator()
+    def __init__(self, *, config: ConfigSource, board: BoardLike | None,
+                 profiles: ActiveProfile | None, work: WorkMeter, power: PowerHistory,
+                 events: EventBus, readiness: Readiness, run_blocking: RunBlocking,
+                 state_dir: Path) -> None:
+        """``power``: where board power goes (the work meter reads requests' energy there)."""
+        self.config = config
+        self.board = board
+        self.profiles = profiles
+        self.work = work
+        self.power = power
+        self.energy = power.energy
+        self.readiness = readiness
+        self.run_blocking = run_blocking
+        self.seq = PersistentSeq(state_dir / SEQ_FILE)
         self._listeners: list[Listener] = []
         self._extras: list[Extra] = []
         self._latest: dict[str, Any] = {}
         self._last_report: Report | None = None
-        # looked up per event, so the bus in place when a zone turns hot is the one told
-        self._thermal = ThermalWarner(lambda kind, **f: self.daemon.events.emit(kind, **f))
+        self._thermal = ThermalWarner(events.emit)
         self._board_error: str | None = None
         self._window_t: float | None = None
         self._window_energy = 0.0
-        self._power: deque[PowerSample] = deque(maxlen=_MAX_POWER_SAMPLES)
         self._window_sample_t: float | None = None  # first power sample of the open window
         self._task: asyncio.Task[None] | None = None
         # the board's thermal trip points, read once (static in practice; a thermal daemon
         # that rewrites them is seen on restart)
         self._trips: dict[str, list[dict[str, Any]]] | None = None
-        daemon.work.attributor = self.attribute
 
     # ---- wiring -----------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -155,7 +131,7 @@ class TelemetrySampler:
     # ---- sampling ---------------------------------------------------------------------------
     def read(self) -> RawSample:
         """Blocking: read the board and psutil once (run it off the loop)."""
-        board: BoardLike | None = self.daemon.board
+        board = self.board
         sample = None
         error = None
         if board is not None:
@@ -179,23 +155,21 @@ class TelemetrySampler:
             self._board_error = raw.board_error
         out: dict[str, Any] = {"ts": round(time.time(), 3)}
         power = raw.board.power_w if raw.board is not None else None
-        self.energy.add(t, power)
-        if not self._power or t > self._power[-1][0]:  # the integrator ignores the others too
-            self._power.append((t, power))
+        self.power.add(t, power)
         if raw.board is not None:
             for key, value in raw.board.as_dict().items():
                 if key not in _SKIPPED and _present(value):
                     out[_RENAMED.get(key, key)] = value
         if self.energy.started:
             out["energy_j"] = round(self.energy.energy_j, 6)
-        profile = self.daemon.profiles.active_name if self.daemon.profiles is not None else None
+        profile = self.profiles.active_name if self.profiles is not None else None
         if profile is not None:
             out["profile"] = profile
         out["cpu_util_pct"] = raw.cpu_util_pct
         out["mem_used_pct"] = raw.mem_used_pct
         out["mem_available_mb"] = raw.mem_available_mb
         if raw.board is not None:
-            cfg = self.daemon.config.telemetry
+            cfg = self.config().telemetry
             self._thermal.check(raw.board.temps_c, cfg.thermal_warn_c, cfg.thermal_hysteresis_c)
         if self._window_t is None:
             self._window_t, self._window_energy = t, self.energy.energy_j
@@ -206,26 +180,10 @@ class TelemetrySampler:
         """Read and ingest one sample synchronously (tests and one-shot CLI use)."""
         return self.ingest(self.read(), now)
 
-    # ---- energy per request ---------------------------------------------------------------------
-    def attribute(self, start: float, end: float, exclude: int | None = None) -> float | None:
-        """Energy (J) of one request that ran over monotonic [start, end]: the board's power
-        integrated over that time, each moment shared equally with the other requests busy
-        then (finished or in flight; ``exclude`` is the request's own in-flight id). None
-        without a power sensor or when the power was unknown all that time."""
-        if not self.energy.started:
-            return None
-        points = power_points(list(self._power), start, end)
-        if points is None:
-            return None
-        busy = self.daemon.work.intervals(start, end, exclude=exclude)
-        others = [iv for ivs in busy.values() for iv in ivs]
-        return apportion(points, {_SELF: [(start, end)], _OTHERS: others}).models_j[_SELF]
-
     def trips(self) -> dict[str, list[dict[str, Any]]]:
         """Thermal trip points per zone (``{"type", "temp_c"}``, coolest first), read once."""
         if self._trips is None:
-            board = self.daemon.board
-            reader = getattr(board, "thermal_trips", None)
+            reader = getattr(self.board, "thermal_trips", None)
             try:
                 self._trips = reader() if reader is not None else {}
             except Exception as exc:  # a sensor fault must not stop telemetry
@@ -240,15 +198,15 @@ class TelemetrySampler:
         their requests ran (None without a power sensor)."""
         if not self.energy.started:
             return None
-        samples = [s for s in self._power if since is None or s[0] >= since]
+        samples = self.power.since(since)
         if len(samples) < 2:
             return Apportioned()
-        busy = self.daemon.work.intervals(samples[0][0], samples[-1][0])
+        busy = self.work.intervals(samples[0][0], samples[-1][0])
         return apportion(samples, busy)
 
     def _models(self, window_s: float, shares: Apportioned | None,
                 now: float) -> dict[str, dict[str, Any]]:
-        stats: dict[str, WorkStats] = self.daemon.work.window(window_s, now=now)
+        stats: dict[str, WorkStats] = self.work.window(window_s, now=now)
         out: dict[str, dict[str, Any]] = {}
         for name, s in stats.items():
             m: dict[str, Any] = {
@@ -319,15 +277,14 @@ class TelemetrySampler:
     def _close_power_window(self, now: float) -> None:
         # the next window starts at the last sample (the integrator's window does too); keep
         # what a snapshot over the trailing publish period needs, drop the rest
-        if self._power:
-            self._window_sample_t = self._power[-1][0]
+        if self.power.samples:
+            self._window_sample_t = self.power.samples[-1][0]
         keep_from = min(self._window_sample_t or now,
-                        now - 2 * self.daemon.config.telemetry.publish_interval_s)
-        oldest = self.daemon.work.oldest_in_flight()
+                        now - 2 * self.config().telemetry.publish_interval_s)
+        oldest = self.work.oldest_in_flight()
         if oldest is not None:  # a long generation still running is attributed over all of it
             keep_from = min(keep_from, oldest)
-        while len(self._power) > 1 and self._power[1][0] <= keep_from:
-            self._power.popleft()
+        self.power.forget_before(keep_from)
 
     def latest(self) -> dict[str, Any]:
         """The last sample (empty before the first)."""
@@ -338,7 +295,7 @@ class TelemetrySampler:
         Also the thermal trip points (``trips_c``), which reports leave out (they do not
         change)."""
         t = time.monotonic()
-        window_s = self.daemon.config.telemetry.publish_interval_s
+        window_s = self.config().telemetry.publish_interval_s
         shares = self._apportion(t - window_s)
         out: dict[str, Any] = {"seq": self.seq.last, **self._latest,
                                "models": self._models(window_s, shares, t)}
@@ -351,10 +308,10 @@ class TelemetrySampler:
     # ---- service ----------------------------------------------------------------------------
     async def start(self) -> None:
         psutil.cpu_percent(interval=None)  # prime: the first call has nothing to compare with
-        self.ingest(await self.daemon.run_blocking(self.read))
-        await self.daemon.run_blocking(self.trips)  # sysfs reads: off the loop, once
+        self.ingest(await self.run_blocking(self.read))
+        await self.run_blocking(self.trips)  # sysfs reads: off the loop, once
         self._task = asyncio.create_task(self._run(), name="telemetry-sampler")
-        self.daemon.set_ready("telemetry", None)
+        self.readiness.set("telemetry", None)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -367,16 +324,16 @@ class TelemetrySampler:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_sample = loop.time()
-        next_publish = loop.time() + self.daemon.config.telemetry.publish_interval_s
+        next_publish = loop.time() + self.config().telemetry.publish_interval_s
         while True:
-            cfg = self.daemon.config.telemetry  # re-read: SIGHUP may change the periods
+            cfg = self.config().telemetry  # re-read: SIGHUP may change the periods
             next_sample += cfg.sample_interval_s
             now = loop.time()
             if next_sample < now:  # fell behind (slow sensor, busy box): skip, do not burst
                 next_sample = now + cfg.sample_interval_s
             await asyncio.sleep(next_sample - now)
             try:
-                raw = await self.daemon.run_blocking(self.read)
+                raw = await self.run_blocking(self.read)
                 self.ingest(raw)
                 now = loop.time()
                 if now >= next_publish:

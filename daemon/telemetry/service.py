@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from edgepilot.command_registry import NoParams
+from prometheus_client import CollectorRegistry
+
+from edgepilot.blocking import RunBlocking
+from edgepilot.command_registry import CommandRegistry, NoParams
+from edgepilot.config import ConfigSource
+from edgepilot.events import EventBus
+from edgepilot.readiness import Readiness
 from edgepilot.telemetry.metrics import TelemetryCollector
-from edgepilot.telemetry.sampler import TelemetrySampler
-
-if TYPE_CHECKING:
-    from edgepilot.lifecycle import Daemon, Service
-
-
-async def _telemetry_get(daemon: Daemon, _: NoParams) -> dict[str, Any]:
-    sampler: TelemetrySampler = daemon.telemetry
-    return sampler.snapshot()
+from edgepilot.telemetry.power_history import PowerHistory
+from edgepilot.telemetry.sampler import ActiveProfile, BoardLike, TelemetrySampler
+from edgepilot.telemetry.work import WorkMeter
 
 
-def attach(daemon: Daemon) -> list[Service]:
-    """Create the sampler (``daemon.telemetry``), register ``telemetry.get`` and the metrics."""
-    sampler = TelemetrySampler(daemon)
-    daemon.telemetry = sampler
-    daemon.set_ready("telemetry", "first sample not taken yet")
-    daemon.commands.register("telemetry.get", NoParams, _telemetry_get,
-                             summary="Latest telemetry sample with per-model work")
-    daemon.metrics.register(TelemetryCollector(sampler))
-    return [sampler]
+def attach(commands: CommandRegistry, metrics: CollectorRegistry, *, config: ConfigSource,
+           board: BoardLike | None, profiles: ActiveProfile | None, work: WorkMeter,
+           power: PowerHistory, events: EventBus, readiness: Readiness,
+           run_blocking: RunBlocking, state_dir: Path) -> TelemetrySampler:
+    """Build the sampler (a service: it samples from start to stop), register
+    ``telemetry.get`` and its Prometheus collector."""
+    sampler = TelemetrySampler(config=config, board=board, profiles=profiles, work=work,
+                               power=power, events=events, readiness=readiness,
+                               run_blocking=run_blocking, state_dir=state_dir)
+
+    async def telemetry_get(_: NoParams) -> dict[str, Any]:
+        return sampler.snapshot()
+
+    readiness.set("telemetry", "first sample not taken yet")
+    commands.register("telemetry.get", NoParams, telemetry_get,
+                      summary="Latest telemetry sample with per-model work")
+    metrics.register(TelemetryCollector(sampler))
+    return sampler

@@ -3,8 +3,10 @@
 Serving code calls :meth:`WorkMeter.begin` when a request starts and :meth:`WorkMeter.end` when
 it finishes (or :meth:`WorkMeter.record` with a latency it measured itself); the telemetry
 sampler asks for :meth:`WorkMeter.window` over its publish period. ``end`` returns the energy
-attributed to the request by the :data:`Attributor` the sampler installs (None without a power
-sensor). Thread-safe (inference runs in workers).
+attributed to the request: the board's power over its wall time (from the
+:class:`~edgepilot.telemetry.power_history.PowerHistory` the sampler fills), shared with the
+requests busy at the same moments; None without a power sensor. Thread-safe (inference runs
+in workers).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from edgepilot.telemetry.apportion import apportion
+from edgepilot.telemetry.power_history import PowerHistory
 
 
 @dataclass(frozen=True)
@@ -51,15 +55,18 @@ class Request:
     ended: bool = field(default=False, compare=False)
 
 
-# (start, end, request id to leave out of the other requests) -> J attributed, None if unknown
-Attributor = Callable[[float, float, int], float | None]
+# keys of apportion()'s busy map when one request's share is wanted (no model name has a NUL)
+_SELF, _OTHERS = "\0request", "\0others"
 
 
 class WorkMeter:
     """Keeps the last ``horizon_s`` seconds of per-request records for every model."""
 
-    def __init__(self, horizon_s: float = 3600.0, max_records: int = 100_000) -> None:
-        # re-entrant: end() holds it while the attributor reads intervals(), so no other
+    def __init__(self, horizon_s: float = 3600.0, max_records: int = 100_000, *,
+                 power: PowerHistory | None = None) -> None:
+        """``power``: the board's power curve requests' energy is read from (None: energy
+        per request is unknown)."""
+        # re-entrant: end() holds it while attribute() reads intervals(), so no other
         # request can end (and be seen neither in flight nor finished) in between
         self._lock = threading.RLock()
         self._horizon = horizon_s
@@ -70,7 +77,7 @@ class WorkMeter:
         self._energy: dict[str, float] = {}  # model -> J attributed to its requests
         self._in_flight: dict[int, Request] = {}
         self._ids = itertools.count(1)
-        self.attributor: Attributor | None = None  # set by the telemetry sampler
+        self.power = power
 
     def record(self, model: str, latency_s: float, tokens: int = 0, *, ok: bool = True,
                plan: str | None = None, now: float | None = None,
@@ -124,12 +131,22 @@ class WorkMeter:
                 return None
             req.ended = True
             self._in_flight.pop(req.id, None)
-            energy = None
-            if ok and self.attributor is not None:
-                energy = self.attributor(req.started, t, req.id)
+            energy = self.attribute(req.started, t, exclude=req.id) if ok else None
             self.record(req.model, t - req.started, tokens, ok=ok, plan=plan, now=t,
                         energy_j=energy)
             return energy
+
+    def attribute(self, start: float, end: float, exclude: int | None = None) -> float | None:
+        """Energy (J) of one request that ran over monotonic [start, end]: the board's power
+        integrated over that time, each moment shared equally with the other requests busy
+        then (finished or in flight; ``exclude`` is the request's own in-flight id). None
+        without a power sensor or when the power was unknown all that time."""
+        points = self.power.curve(start, end) if self.power is not None else None
+        if points is None:
+            return None
+        busy = self.intervals(start, end, exclude=exclude)
+        others = [iv for ivs in busy.values() for iv in ivs]
+        return apportion(points, {_SELF: [(start, end)], _OTHERS: others}).models_j[_SELF]
 
     def window(self, window_s: float, now: float | None = None) -> dict[str, WorkStats]:
         """Per-model stats over the last ``window_s`` seconds (models never seen are absent)."""

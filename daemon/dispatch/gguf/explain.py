@@ -5,13 +5,26 @@ Kept apart from :mod:`.plans`, which measures and chooses; this only reads the c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from edgepilot.dispatch.gguf.select import Candidate
+from edgepilot.dispatch.gguf.select import Candidate, Choice, GgufPlan, Measurement
 from edgepilot.dispatch.planning.plan import segments_of
+from edgepilot.formats.gguf_info import GgufInfo
 
-if TYPE_CHECKING:
-    from edgepilot.dispatch.gguf.plans import GgufDispatch
+
+class GgufDispatch(Protocol):
+    """What the plan JSON is read from (:class:`.plans.GgufDispatch`)."""
+
+    name: str
+    info: GgufInfo
+    gpu: bool
+    plan: GgufPlan | None
+    choice: Choice | None
+    measured: list[Measurement]
+    from_cache: bool
+    live_choice: int | None
+
+    def live_report(self) -> dict[str, Any]: ...
 
 
 def note(d: GgufDispatch) -> str:
@@ -69,7 +82,8 @@ def _block_runner_up(d: GgufDispatch, i: int, target: str) -> dict[str, Any] | N
     for v in d.choice.verdicts:
         if not v["eligible"] or v["decode_ms_per_token"] is None:
             continue
-        other = d._target("gpu" if i >= n - v["n_gpu_layers"] else "cpu")
+        device = "gpu" if i >= n - v["n_gpu_layers"] else "cpu"
+        other = f"llamacpp/{device}/{d.info.weight_type}"
         if other != target and (best is None or v["decode_ms_per_token"] < best[0]):
             best = (v["decode_ms_per_token"], other)
     if best is None:

@@ -39,7 +39,7 @@ def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: 
 
     Each round times every thread count, in alternating order, inside ``hold()`` (the daemon
     holds its device queues: no request runs meanwhile). After ``rounds`` rounds, if any
-    count's decode times spread more than :data:`~.gguf_live.NOISY_SPREAD`, ``rounds`` more
+    count's decode times spread more than :data:`~.live.NOISY_SPREAD`, ``rounds`` more
     are taken, up to ``max_rounds``.
     """
     # a short context: speed at the start of a conversation, and little memory while measuring

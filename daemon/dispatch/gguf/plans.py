@@ -1,8 +1,8 @@
 """GGUF plans: time candidates on llama.cpp, choose, cache, explain.
 
 For each candidate (n_threads, n_gpu_layers) the model is loaded with those settings and a fixed
-reference request is timed a few times (:mod:`.gguf_measure`): a prompt prefilled in one batch,
-then tokens decoded one at a time. :mod:`.gguf_select` picks the fastest that fits the memory
+reference request is timed a few times (:mod:`.measure`): a prompt prefilled in one batch,
+then tokens decoded one at a time. :mod:`.select` picks the fastest that fits the memory
 budgets.
 Measurements are cached in the state dir like ONNX profiles (keyed by the file's sha256, board,
 profile and llama.cpp version), and the model registry loads the model with the plan's choice.
@@ -11,15 +11,13 @@ The daemon's own traffic must not bias the choice (a request decoding on the sam
 every thread count look slower, the larger ones most): each measuring round holds the device
 queues (``hold``, from the registry), so no request runs while it is timed; candidates are
 interleaved round by round, in alternating order; and when the rounds spread widely, more are
-taken, up to a bound. The choice is then checked on live traffic (:mod:`.gguf_live`): the
+taken, up to a bound. The choice is then checked on live traffic (:mod:`.live`): the
 loaded model asks this plan for its thread count before every request and reports the decode
 speed it got, and a close or noisy choice is settled by trying the runner-up on real requests.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import statistics
@@ -38,6 +36,7 @@ from edgepilot.dispatch.gguf.select import (
     Candidate,
     Choice,
     Footprint,
+    GgufPlan,
     Measurement,
     candidates,
     footprint,
@@ -57,25 +56,6 @@ class GgufOptions:
     threads: list[int] | None = None
     prompt_tokens: int = 32
     decode_tokens: int = 16
-
-
-@dataclass
-class GgufPlan:
-    """The chosen configuration; ``targets`` lists each block's target like tensor plans."""
-
-    model: str
-    model_hash: str
-    n_threads: int
-    n_gpu_layers: int
-    targets: list[str]
-    predicted_ms: float            # decode ms per token, from the choosing measurement
-    measured_ms: float | None      # decode ms per token, timed again after choosing
-    reason: str = "initial"
-
-    @property
-    def hash(self) -> str:
-        key = json.dumps([self.model_hash, self.n_threads, self.n_gpu_layers])
-        return hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
 class GgufDispatch:
@@ -375,7 +355,7 @@ class GgufDispatch:
         raise ModelError(f"model {self.name!r} is a GGUF language model; it is served through "
                          "/v1/chat/completions, not per-layer tensor inference", field="model")
 
-    # ---- explain (gguf_explain.py) -------------------------------------------------------------
+    # ---- explain (explain.py) ----------------------------------------------------------------
     def note(self) -> str:
         """One sentence on where the blocks run and how the thread count was chosen."""
         return gguf_explain.note(self)

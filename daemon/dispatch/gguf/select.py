@@ -9,6 +9,8 @@ Nothing here runs llama.cpp, so the choice can be tested on tables of measured s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -160,3 +162,22 @@ def select(measured: list[Measurement], footprints: dict[Candidate, Footprint],
     ranked.sort(key=lambda r: (r[0], r[1], r[2]))
     chosen = ranked[0][3]
     return Choice(chosen, ranked[1][3] if len(ranked) > 1 else None, verdicts)
+
+
+@dataclass
+class GgufPlan:
+    """The chosen configuration; ``targets`` lists each block's target like tensor plans."""
+
+    model: str
+    model_hash: str
+    n_threads: int
+    n_gpu_layers: int
+    targets: list[str]
+    predicted_ms: float            # decode ms per token, from the choosing measurement
+    measured_ms: float | None      # decode ms per token, timed again after choosing
+    reason: str = "initial"
+
+    @property
+    def hash(self) -> str:
+        key = json.dumps([self.model_hash, self.n_threads, self.n_gpu_layers])
+        return hashlib.sha256(key.encode()).hexdigest()[:10]
