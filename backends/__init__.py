@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
-from edgepilot.backends.base import Backend, BackendUnavailable
+from edgepilot.backends.base import Backend, BackendOptions, BackendUnavailable
 
 # name -> "module:Class"; the module imports its runtime only when the class is built
 BACKENDS: dict[str, str] = {
@@ -16,8 +15,9 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def load_backend(name: str, settings: Any = None) -> Backend:
-    """Instantiate backend ``name`` with its settings section; BackendUnavailable if missing."""
+def backend_class(name: str) -> type[Backend]:
+    """The class of backend ``name`` (importing its module, not its runtime);
+    BackendUnavailable for an unknown name or a module that cannot be imported."""
     try:
         spec = BACKENDS[name]
     except KeyError:
@@ -29,6 +29,15 @@ def load_backend(name: str, settings: Any = None) -> Backend:
         module = importlib.import_module(modname)
     except ImportError as exc:
         raise BackendUnavailable(f"backend {name!r} is not installed here: {exc}") from None
-    cls = getattr(module, clsname)
-    backend: Backend = cls(settings) if settings is not None else cls()
-    return backend
+    cls: type[Backend] = getattr(module, clsname)
+    return cls
+
+
+def load_backend(name: str, settings: BackendOptions | None = None) -> Backend:
+    """Instantiate backend ``name`` with its section (its ``options_class``; None: the
+    defaults); BackendUnavailable if missing."""
+    cls = backend_class(name)
+    if settings is not None and not isinstance(settings, cls.options_class):
+        raise TypeError(f"backend {name!r} takes {cls.options_class.__name__}, "
+                        f"not {type(settings).__name__}")
+    return cls(settings) if settings is not None else cls()  # type: ignore[call-arg]

@@ -132,6 +132,8 @@ class ArmnnBackend(Backend):
     """Arm NN compute backends as devices, TFLite files (segments cut from the flatbuffer)."""
 
     name = "armnn"
+    options_class = ArmnnSection
+    settings: ArmnnSection
 
     def __init__(self, settings: ArmnnSection | None = None) -> None:
         self.settings = settings or ArmnnSection()

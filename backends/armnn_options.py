@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from edgepilot.backends.options import BackendOptions, Isolation
 
 ArmnnDevice = Literal["CpuAcc", "GpuAcc", "CpuRef"]
 ARMNN_DEVICES: tuple[ArmnnDevice, ...] = ("CpuAcc", "GpuAcc", "CpuRef")
 
 
-class ArmnnSection(BaseModel):
+class ArmnnSection(BackendOptions):
     """``[backends.armnn]``: unknown keys are errors, values are validated on set."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     preferred: list[ArmnnDevice] = Field(
         default_factory=lambda: list(ARMNN_DEVICES), min_length=1,
         description="Arm NN backend preference order.")
-    isolation: Literal["thread", "process"] = Field(
+    isolation: Isolation = Field(
         "thread",
         description="Where compiled models run: 'thread' = inside the daemon; 'process' = in a "
                     "worker process per model (`edgepilot worker armnn <model>`), tensors passed "

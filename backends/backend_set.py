@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot.backends import BACKENDS, load_backend
-from edgepilot.backends.base import Backend, BackendUnavailable
+from edgepilot.backends.base import Backend, BackendOptions, BackendUnavailable
 from edgepilot.backends.workers.tensor_process import IsolatedBackend
 from edgepilot.errors import EdgepilotError
 
@@ -21,10 +21,10 @@ TENSOR_BACKENDS = ("onnxruntime", "tflite", "armnn")
 
 
 class BackendSet:
-    """Backends by name. ``options(name)`` gives a backend's options section (None: defaults);
-    ``enabled`` limits which may load (None: all installed)."""
+    """Backends by name. ``options(name)`` gives a backend's section (its ``options_class``;
+    None: the defaults); ``enabled`` limits which may load (None: all installed)."""
 
-    def __init__(self, options: Callable[[str], Any], enabled: list[str] | None,
+    def __init__(self, options: Callable[[str], BackendOptions | None], enabled: list[str] | None,
                  cache_dir: Path | None = None, *,
                  emit: Callable[..., object] | None = None) -> None:
         """``emit``: where worker faults and restarts of isolated tensor backends are reported
@@ -48,16 +48,14 @@ class BackendSet:
                 try:
                     if self.enabled is not None and name not in self.enabled:
                         raise BackendUnavailable(f"backend {name!r} is not in [backends] enabled")
-                    settings = self.options(name)
-                    backend = load_backend(name, settings)
-                    if self.cache_dir is not None and hasattr(backend, "cache_dir"):
+                    backend = load_backend(name, self.options(name))
+                    if self.cache_dir is not None:
                         # quantized variants and cut segments survive restarts in the state dir
                         backend.cache_dir = self.cache_dir / name
-                    if (name in TENSOR_BACKENDS
-                            and getattr(settings, "isolation", "thread") == "process"):
+                    if name in TENSOR_BACKENDS and backend.isolation == "process":
                         # executables in worker processes: a native crash costs only the
                         # requests on that model (llama.cpp isolates itself: open_served)
-                        backend = IsolatedBackend(backend, settings, self._emit)
+                        backend = IsolatedBackend(backend, backend.settings, self._emit)
                     self._built[name] = backend
                 except BackendUnavailable as exc:
                     self._built[name] = None
@@ -92,7 +90,8 @@ class BackendSet:
             out[name] = backend
         return out
 
-    def reset(self, options: Callable[[str], Any], enabled: list[str] | None) -> None:
+    def reset(self, options: Callable[[str], BackendOptions | None],
+              enabled: list[str] | None) -> None:
         """New options (a reloaded config): instances are built again on next use."""
         with self._lock:
             self.options, self.enabled = options, enabled

@@ -4,28 +4,46 @@
 questions and nothing else: which targets exist here (:meth:`Backend.probe`), can a target run a
 segment without silent fallback (:meth:`Backend.supports`), compile a segment for a target
 (:meth:`Backend.compile`), and run it (:meth:`Executable.run`, numpy in, numpy out).
+
+Each backend declares its config section (:attr:`Backend.options_class`, a
+:class:`~edgepilot.backends.options.BackendOptions`), which says where its models run
+(:attr:`Backend.isolation`); an executable in a worker process names it
+(:attr:`Executable.worker_pid`). A language model is a :class:`GenerativeExecutable`: chat and
+text completion, and embeddings where the model can (:attr:`GenerativeExecutable.can_embed`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
-from edgepilot.errors import BackendError
+from edgepilot.backends.options import BackendOptions, Isolation
+from edgepilot.errors import BackendError, CommandError
 from edgepilot.formats.spec import ModelKind, Segment, TensorSpec
 
 # The model-side types live in formats (below backends); re-exported as the backend contract.
-__all__ = ["Backend", "BackendUnavailable", "Executable", "ModelKind", "Segment", "Support",
+__all__ = ["Backend", "BackendOptions", "BackendUnavailable", "EmbeddingsUnsupported",
+           "Executable", "GenerativeExecutable", "Isolation", "ModelKind", "Segment", "Support",
            "Target", "TensorSpec"]
 
 class BackendUnavailable(BackendError):
     """The runtime is not installed or cannot start here; ``doctor`` reports it, nothing breaks."""
 
     code = "backend_unavailable"
+
+
+class EmbeddingsUnsupported(CommandError):
+    """The model cannot compute embeddings (a request error: ask another model)."""
+
+    code = "embeddings_unsupported"
 
 
 @dataclass(frozen=True, order=True)
@@ -81,14 +99,68 @@ class Executable(ABC):
         """Resident footprint estimate (weights + arena) for memory budgets."""
         return 0
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process it runs in (``isolation = "process"``); None: in this one."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release native resources."""
+
+
+class GenerativeExecutable(Executable):
+    """A loaded language model: chat and text completion (and embeddings where it can), in
+    llama-cpp-python's OpenAI shapes. ``stream=True`` in ``params`` answers an iterator of
+    chunks (with a ``usage`` once exhausted); setting ``cancel`` ends a generation at its next
+    token."""
+
+    n_ctx: int
+    # whether :meth:`embed` works: a model loaded for generation may not embed
+    can_embed: bool = False
+
+    @abstractmethod
+    def chat(self, messages: list[dict[str, Any]], *, cancel: threading.Event | None = None,
+             **params: Any) -> Any:
+        """A chat completion of ``messages``."""
+
+    @abstractmethod
+    def complete(self, prompt: str, *, cancel: threading.Event | None = None,
+                 **params: Any) -> Any:
+        """A text completion of ``prompt``."""
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]:
+        """The model's tokens of ``text``."""
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text; EmbeddingsUnsupported when the model cannot embed."""
+        raise EmbeddingsUnsupported(f"model on {self.target} cannot compute embeddings",
+                                    field="model")
+
+    @property
+    def executor(self) -> concurrent.futures.Executor | None:
+        """Where its calls should run when it runs one at a time (None: anywhere)."""
+        return None
+
+    def set_threads(self, n_threads: int) -> None:
+        """Run with ``n_threads`` from the next request on (where the runtime can)."""
 
 
 class Backend(ABC):
     """One inference runtime. Vendor SDKs are imported inside the backend module only."""
 
     name: str = ""
+    # its ``[backends.<name>]`` section
+    options_class: ClassVar[type[BackendOptions]] = BackendOptions
+    settings: BackendOptions
+    # where it keeps what it derives from model files across restarts (quantized variants,
+    # cut segments); None: in memory only
+    cache_dir: Path | None = None
+
+    @property
+    def isolation(self) -> Isolation:
+        """Where its compiled models run (its section's ``isolation``)."""
+        return self.settings.isolation
 
     @abstractmethod
     def probe(self) -> list[Target]:

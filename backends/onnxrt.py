@@ -26,6 +26,7 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
+from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -112,13 +113,16 @@ class OnnxRuntimeBackend(Backend):
     """``onnxruntime`` with each available execution provider as a device.
 
     ``settings`` is the ``[backends.onnxruntime]`` section (providers, provider_options,
-    intra_op_threads). ``cache_dir`` is where quantized variants are kept (the dispatcher points
-    it into the state dir); None keeps them in memory only for this process.
+    intra_op_threads, allow_spinning). ``cache_dir`` is where quantized variants are kept (the
+    dispatcher points it into the state dir); None keeps them in memory only for this process.
     """
 
     name = "onnxruntime"
+    options_class = OnnxRuntimeSection
+    settings: OnnxRuntimeSection
 
-    def __init__(self, settings: Any = None, cache_dir: Path | None = None) -> None:
+    def __init__(self, settings: OnnxRuntimeSection | None = None,
+                 cache_dir: Path | None = None) -> None:
         try:
             import onnxruntime as ort
         except ImportError as exc:
@@ -127,7 +131,7 @@ class OnnxRuntimeBackend(Backend):
         from edgepilot.backends.onnxrt_variants import VariantCache
 
         self._ort = ort
-        self.settings = settings
+        self.settings = settings or OnnxRuntimeSection()
         self._variants = VariantCache(cache_dir, ort.__version__)
         self._models: dict[tuple[str, int, int], Any] = {}
         self._support: dict[tuple[str, str], Support] = {}
@@ -148,7 +152,7 @@ class OnnxRuntimeBackend(Backend):
     def devices(self) -> list[str]:
         """Short names of the providers available here (filtered by ``providers`` setting)."""
         available = self._ort.get_available_providers()
-        wanted = getattr(self.settings, "providers", None)
+        wanted = self.settings.providers
         out = []
         for prov in available:
             dev = PROVIDER_DEVICES.get(prov)
@@ -203,11 +207,11 @@ class OnnxRuntimeBackend(Backend):
         ort = self._ort
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        threads = getattr(self.settings, "intra_op_threads", 0) or 0
+        threads = self.settings.intra_op_threads
         if threads:
             opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
-        if not getattr(self.settings, "allow_spinning", False):
+        if not self.settings.allow_spinning:
             # idle workers otherwise spin for work: with several sessions in one process (the
             # segments of a plan, other models) or another busy process, they take the core
             # the running session needs (2x slower on 2 cores with one of them busy)
@@ -216,7 +220,7 @@ class OnnxRuntimeBackend(Backend):
         if strict and device != "cpu":
             # no silent CPU fallback: a node the provider does not take fails the session
             opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        popts = getattr(self.settings, "provider_options", {}) or {}
+        popts = self.settings.provider_options
         options = dict(popts.get(provider) or popts.get(device) or {})
         return ort.InferenceSession(data, sess_options=opts, providers=[(provider, options)])
 

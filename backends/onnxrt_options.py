@@ -6,15 +6,13 @@ edgepilot.config composes it into ``[backends]``.
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import Field
 
-from pydantic import BaseModel, ConfigDict, Field
+from edgepilot.backends.options import BackendOptions, Isolation
 
 
-class OnnxRuntimeSection(BaseModel):
+class OnnxRuntimeSection(BackendOptions):
     """``[backends.onnxruntime]``: unknown keys are errors, values are validated on set."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     providers: list[str] | None = Field(
         None, max_length=16,
@@ -27,7 +25,7 @@ class OnnxRuntimeSection(BaseModel):
         False, description="Let idle intra-op threads spin for work (onnxruntime's default). "
         "Off: a daemon holds many sessions (models, plan segments) next to llama.cpp, and "
         "spinning threads of one steal the cores the next one needs.")
-    isolation: Literal["thread", "process"] = Field(
+    isolation: Isolation = Field(
         "thread",
         description="Where compiled models run: 'thread' = inside the daemon; 'process' = in a "
                     "worker process per model (`edgepilot worker onnxruntime <model>`), tensors "

@@ -211,6 +211,8 @@ class TfliteBackend(Backend):
     """TFLite interpreter targets; external delegates are loaded by path from config."""
 
     name = "tflite"
+    options_class = TfliteSection
+    settings: TfliteSection
 
     def __init__(self, settings: TfliteSection | None = None) -> None:
         self.settings = settings or TfliteSection()

@@ -7,20 +7,19 @@ edgepilot.config composes it into ``[backends]``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from edgepilot.backends.options import BackendOptions, Isolation
 
 
-class TfliteSection(BaseModel):
+class TfliteSection(BackendOptions):
     """``[backends.tflite]``: unknown keys are errors, values are validated on set."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     delegates: dict[str, Path] = Field(
         default_factory=dict, description="External delegates by device name -> .so path.")
     threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
-    isolation: Literal["thread", "process"] = Field(
+    isolation: Isolation = Field(
         "thread",
         description="Where compiled models run: 'thread' = inside the daemon; 'process' = in a "
                     "worker process per model (`edgepilot worker tflite <model>`), tensors passed "

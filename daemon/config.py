@@ -27,6 +27,7 @@ from pydantic import (
 from edgepilot.backends.armnn_options import ARMNN_DEVICES, ArmnnDevice, ArmnnSection
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
+from edgepilot.backends.options import BackendOptions
 from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.errors import ConfigError
 from edgepilot.formats.model_entry import ModelEntry
@@ -233,6 +234,12 @@ class BackendsSection(Section):
     tflite: TfliteSection = Field(default_factory=TfliteSection)
     armnn: ArmnnSection = Field(default_factory=ArmnnSection)
     llamacpp: LlamacppSection = Field(default_factory=LlamacppSection)
+
+    def options_of(self, name: str) -> BackendOptions | None:
+        """The ``[backends.<name>]`` section of backend ``name`` (None: a backend without
+        one here); the backend takes it as its ``options_class``."""
+        section = getattr(self, name) if name in type(self).model_fields else None
+        return section if isinstance(section, BackendOptions) else None
 
 
 class DispatchSection(Section):

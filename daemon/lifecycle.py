@@ -190,7 +190,7 @@ class Daemon:
             # what serving and planning share: one queue per device, one instance per
             # runtime, one catalog of model names
             self.devices = DeviceQueues(cfg.http.max_queue, self.running_loop)
-            self.backends = BackendSet(serving_service.backend_options(cfg),
+            self.backends = BackendSet(cfg.backends.options_of,
                                        cfg.backends.enabled, cfg.state_dir / "cache",
                                        emit=self.events.emit)
             self.catalog = ModelCatalog(cfg.model_dir, cfg.models)

@@ -90,7 +90,7 @@ def test_the_worker_is_named_by_its_command_line(gguf_path: Path) -> None:  # no
 def test_isolation_thread_loads_in_this_process(gguf_path: Path) -> None:  # noqa: F811
     exe = LlamaCppBackend(LlamacppSection(isolation="thread")).open_served(gguf_path, model="t")
     try:
-        assert isinstance(exe, LlamaExecutable) and not hasattr(exe, "worker_pid")
+        assert isinstance(exe, LlamaExecutable) and exe.worker_pid is None
     finally:
         exe.close()
 

@@ -115,7 +115,7 @@ def test_progress_is_recorded_per_model_and_signature(tmp_path: Path) -> None:
 
     def bar(done: int, total: int, what: str) -> None:
         calls.append((done, total, what))
-        recorded.append(dispatcher.planning_progress.get(("mlp", "x=2x32")))
+        recorded.append(dispatcher.background.progress.get(("mlp", "x=2x32")))
 
     dispatcher = Dispatcher(conf, progress=bar)
     dispatcher.get("mlp").prepare()

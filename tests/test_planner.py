@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgepilot.dispatch.planning.planner import (
+    INF,
     CostTable,
-    brute_force,
     feasible,
     merge,
     plan_cost,
@@ -17,6 +19,21 @@ from edgepilot.dispatch.planning.planner import (
     solve,
 )
 from edgepilot.errors import PlanError
+
+
+def brute_force(table: CostTable) -> tuple[list[int], float]:
+    """Exhaustive reference (``len(targets) ** n_layers`` assignments)."""
+    best: tuple[list[int], float] = ([], INF)
+    for combo in itertools.product(range(len(table.targets)), repeat=table.n_layers):
+        assign = list(combo)
+        if not feasible(table, assign):
+            continue
+        cost = plan_cost(table, assign)
+        if cost < best[1]:
+            best = (assign, cost)
+    if best[1] == INF:
+        raise PlanError("no feasible plan", field="budgets")
+    return best
 
 
 @st.composite

@@ -65,6 +65,8 @@ class LlamaCppBackend(Backend):
     """GGUF on llama.cpp; devices ``cpu`` and (GPU builds) ``gpu``; precision = the file's."""
 
     name = "llamacpp"
+    options_class = LlamacppSection
+    settings: LlamacppSection
 
     def __init__(self, settings: LlamacppSection | None = None) -> None:
         self.settings = settings or LlamacppSection()
@@ -151,13 +153,18 @@ class LlamaCppBackend(Backend):
 
     def open_served(self, path: Path, *, model: str, n_ctx: int | None = None,
                     n_gpu_layers: int | None = None, info: GgufInfo | None = None,
-                    emit: Emit | None = None) -> LlamaExecutable | LlamaWorkerExecutable:
+                    emit: Emit | None = None, governor: ThreadGovernor | None = None
+                    ) -> LlamaExecutable | LlamaWorkerExecutable:
         """Load ``path`` to serve requests, where ``[backends.llamacpp] isolation`` says:
         ``"process"`` in a worker process named after ``model`` (``emit`` hears its faults
-        and restarts), ``"thread"`` in this process (:meth:`open`). The GGUF planner measures
-        with :meth:`open` either way: it times llama.cpp itself, not the hand-over."""
-        if self.settings.isolation == "thread":
-            return self.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info)
+        and restarts), ``"thread"`` in this process (:meth:`open`). ``governor`` (the GGUF
+        plan) sets its thread count per request and hears how fast each decoded. The GGUF
+        planner measures with :meth:`open` either way: it times llama.cpp itself, not the
+        hand-over."""
+        if self.isolation == "thread":
+            exe = self.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info)
+            exe.governor = governor
+            return exe
         import_llama_cpp()  # a missing llama-cpp-python is BackendUnavailable here, not there
         return LlamaWorkerExecutable(model, path, self.settings, n_ctx=n_ctx,
-                                     n_gpu_layers=n_gpu_layers, emit=emit)
+                                     n_gpu_layers=n_gpu_layers, emit=emit, governor=governor)

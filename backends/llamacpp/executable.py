@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Executable, Target, TensorSpec
+from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     ThreadGovernor,
@@ -49,7 +49,7 @@ class TokenStream:
             exe.end_request()
 
 
-class LlamaExecutable(Executable):
+class LlamaExecutable(GenerativeExecutable):
     """A loaded GGUF: tensor ``run`` (tokens -> last logits) plus chat/completion calls.
 
     Calls are serialised by an internal lock: one llama context must never run two requests.

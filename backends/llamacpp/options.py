@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from edgepilot.backends.options import BackendOptions, Isolation
 
 
-class LlamacppSection(BaseModel):
+class LlamacppSection(BackendOptions):
     """``[backends.llamacpp]``: unknown keys are errors, values are validated on set."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     n_ctx: int = Field(2048, ge=16, le=1 << 20, description="Default context length.")
     n_threads: int = Field(0, ge=0, le=256, description="0 = number of cores.")
@@ -29,7 +29,7 @@ class LlamacppSection(BaseModel):
         description="Chats one model generates at once, as sequences of one llama.cpp context "
                     "(continuous batching), each with n_ctx / parallel tokens of it (llama.cpp "
                     "rounds each share up to a multiple of 256); 1 = one request at a time.")
-    isolation: Literal["process", "thread"] = Field(
+    isolation: Isolation = Field(
         "process",
         description="Where a served GGUF runs: 'process' = in a worker process "
                     "(`edgepilot worker llamacpp <model>`), so a crash in llama.cpp costs only "

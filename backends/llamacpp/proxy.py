@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Executable, Target, TensorSpec
+from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.process import StepGuard, WorkerCrashed, WorkerProcess
 from edgepilot.backends.llamacpp.runtime import ThreadGovernor
@@ -114,12 +114,13 @@ class WorkerTokenStream:
             call.done()
 
 
-class LlamaWorkerExecutable(Executable):
+class LlamaWorkerExecutable(GenerativeExecutable):
     """A GGUF served by ``edgepilot worker llamacpp <model>``; restarted when it dies."""
 
     def __init__(self, model: str, path: Path, settings: LlamacppSection, *,
                  n_ctx: int | None = None, n_gpu_layers: int | None = None,
-                 parallel: int | None = None, emit: Emit | None = None) -> None:
+                 parallel: int | None = None, emit: Emit | None = None,
+                 governor: ThreadGovernor | None = None) -> None:
         self.model = model
         self._options: dict[str, Any] = {
             "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers,
@@ -131,7 +132,8 @@ class LlamaWorkerExecutable(Executable):
         self._failures = 0          # deaths in a row (reset once a worker lived STABLE_S)
         self._next_start = 0.0      # monotonic time before which no worker is started
         self._step_guard: StepGuard | None = None
-        self.governor: ThreadGovernor | None = None
+        # the GGUF plan: the thread count per request, the decode speed the worker saw
+        self.governor = governor
         self.restarts = 0
         self._worker: WorkerProcess = self._start()
 

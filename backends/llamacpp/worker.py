@@ -14,8 +14,9 @@ worker -> parent: ``("ready", facts)`` or ``("failed", error)``, then per reques
 ``("step", token)`` / ``("step_done", token)`` around each decode step of a parallel model
 while the parent's step guard is on (the parent holds its device for that step).
 
-The worker ends when the daemon closes the connection or dies (the kernel closes a killed
-daemon's end: EOF), so no worker outlives its daemon. (Not PR_SET_PDEATHSIG: Linux sends it
+The receive loop is :class:`~edgepilot.backends.workers.serve_loop.WorkerLoop`'s: the worker
+ends when the daemon closes the connection or dies (the kernel closes a killed daemon's end:
+EOF), so no worker outlives its daemon. (Not PR_SET_PDEATHSIG: Linux sends it
 when the *thread* that started the worker ends, and a restart starts it from a passing thread.)
 """
 
@@ -24,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -36,6 +35,7 @@ from edgepilot.backends.llamacpp.executable import LlamaExecutable
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.runtime import LLAMA_THREAD
 from edgepilot.backends.workers.exits import error_data
+from edgepilot.backends.workers.serve_loop import WorkerLoop, run
 from edgepilot.errors import EdgepilotError
 
 log = logging.getLogger(__name__)
@@ -57,22 +57,17 @@ class RelayGovernor:
         self.local.observed = (n_threads, decode_ms_per_token, tokens)
 
 
-class Worker:
-    """The serving loop of one worker: calls run in threads, answers go out under a lock."""
+class Worker(WorkerLoop):
+    """One served GGUF: calls run in threads, answers go out under the loop's lock."""
 
     def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.send_lock = threading.Lock()
+        super().__init__(conn)
         self.exe: LlamaExecutable | None = None
         self.governor = RelayGovernor(None)
         self.cancels: dict[int, threading.Event] = {}
         self.steps: dict[int, threading.Event] = {}
         self.step_token = 0
         self.step_lock = threading.Lock()
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        with self.send_lock:
-            self.conn.send(msg)
 
     def open(self, options: dict[str, Any]) -> None:
         # imported here: llamacpp imports the batch engine and the parallel executable
@@ -112,37 +107,26 @@ class Worker:
         finally:
             self.send(("step_done", token))
 
-    def serve(self) -> int:
-        """Read messages until the parent closes the connection; 0 on a clean close."""
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                return 0  # the daemon went away: nothing left to serve
-            kind = msg[0]
-            if kind == "open":
-                try:
-                    self.open(msg[1])
-                except Exception as exc:
-                    self.send(("failed", error_data(exc)))
-                    return 1
-            elif kind == "call":
-                self.start(msg[1], msg[2], msg[3])
-            elif kind == "cancel":
-                event = self.cancels.get(msg[1])
-                if event is not None:
-                    event.set()
-            elif kind == "step_go":
-                with self.step_lock:
-                    go = self.steps.pop(msg[1], None)
-                if go is not None:
-                    go.set()
-            elif kind == "guard":
-                self.set_guard(bool(msg[1]))
-            elif kind == "close":
-                if self.exe is not None:
-                    self.exe.close()
-                return 0
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "call":
+            self.start(msg[1], msg[2], msg[3])
+        elif kind == "cancel":
+            event = self.cancels.get(msg[1])
+            if event is not None:
+                event.set()
+        elif kind == "step_go":
+            with self.step_lock:
+                go = self.steps.pop(msg[1], None)
+            if go is not None:
+                go.set()
+        elif kind == "guard":
+            self.set_guard(bool(msg[1]))
+
+    def finish(self, asked: bool) -> None:
+        # asked to close: free the model; the daemon gone: leave at once
+        if asked and self.exe is not None:
+            self.exe.close()
 
     def start(self, rid: int, method: str, kwargs: dict[str, Any]) -> None:
         assert self.exe is not None
@@ -150,12 +134,12 @@ class Worker:
         if self.exe.max_concurrency == 1 and method in ("chat", "complete"):
             # one request at a time: run it on the llama.cpp thread itself, so that no token
             # is handed between threads inside the worker (see LlamaThread)
-            LLAMA_THREAD.executor.submit(self.handle, rid, method, kwargs)
+            LLAMA_THREAD.executor.submit(self.call, rid, method, kwargs)
         else:
-            threading.Thread(target=self.handle, args=(rid, method, kwargs), daemon=True,
+            threading.Thread(target=self.call, args=(rid, method, kwargs), daemon=True,
                              name=f"request-{rid}").start()
 
-    def handle(self, rid: int, method: str, kwargs: dict[str, Any]) -> None:
+    def call(self, rid: int, method: str, kwargs: dict[str, Any]) -> None:
         exe = self.exe
         assert exe is not None
         cancel = self.cancels[rid]
@@ -190,14 +174,4 @@ class Worker:
 
 def main(fd: int) -> int:
     """Serve the connection on ``fd`` (inherited from the daemon) until it closes."""
-    # the daemon's Ctrl-C reaches the whole process group: the daemon decides when we stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = Worker(Connection(fd))
-    rc = 1
-    try:
-        rc = worker.serve()
-    finally:
-        # leave at once: llama.cpp's threads and a generation in flight need no goodbye
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+    return run(Worker(Connection(fd)))

@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, Executable, Segment, Support, Target, TensorSpec
+from edgepilot.backends.base import (
+    Backend,
+    BackendOptions,
+    Executable,
+    Segment,
+    Support,
+    Target,
+    TensorSpec,
+)
 from edgepilot.backends.workers.exits import WorkerCrashed
 from edgepilot.backends.workers.link import WorkerLink, how_it_ended
 from edgepilot.backends.workers.shm_tensors import AttachedBlocks, OwnedBlock
@@ -246,7 +254,7 @@ class IsolatedBackend(Backend):
     """``inner`` with its executables in worker processes, one per model (see the module
     docstring). Everything but :meth:`compile` is the inner backend's, in the daemon."""
 
-    def __init__(self, inner: Backend, settings: Any, emit: Emit | None = None,
+    def __init__(self, inner: Backend, settings: BackendOptions, emit: Emit | None = None,
                  linger_s: float = LINGER_S) -> None:
         self.inner = inner
         self.name = inner.name
@@ -272,9 +280,9 @@ class IsolatedBackend(Backend):
         return self.inner.version()
 
     def _options(self) -> dict[str, Any]:
-        cache_dir = getattr(self.inner, "cache_dir", None)
-        settings = self.settings.model_dump(mode="json") if self.settings is not None else {}
-        return {"settings": settings, "cache_dir": str(cache_dir) if cache_dir else None}
+        cache_dir = self.inner.cache_dir
+        return {"settings": self.settings.model_dump(mode="json"),
+                "cache_dir": str(cache_dir) if cache_dir else None}
 
     def worker(self, model: str) -> ModelWorker:
         """The worker of ``model`` on this backend (started by the first compile)."""

@@ -16,33 +16,26 @@ facts (target, tensor specs, memory); ``run`` reads its inputs from the daemon's
 ``xid`` and answers the layout of the outputs it wrote into its own block for ``xid`` (see
 :mod:`.shm_tensors`).
 
-The worker ends when the daemon closes the connection or dies (EOF), so none outlives its
-daemon.
+The receive loop is :class:`~edgepilot.backends.workers.serve_loop.WorkerLoop`'s: the worker
+ends when the daemon closes the connection or dies (EOF), so none outlives its daemon.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
-import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from edgepilot.backends import load_backend
-from edgepilot.backends.armnn_options import ArmnnSection
+from edgepilot.backends import backend_class, load_backend
 from edgepilot.backends.base import Backend, Executable, Segment, Target
-from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
-from edgepilot.backends.tflite_options import TfliteSection
 from edgepilot.backends.workers.exits import error_data
+from edgepilot.backends.workers.serve_loop import WorkerLoop, run
 from edgepilot.backends.workers.shm_tensors import AttachedBlocks, OwnedBlock
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
-SECTIONS: dict[str, type[Any]] = {"onnxruntime": OnnxRuntimeSection, "tflite": TfliteSection,
-                                  "armnn": ArmnnSection}
 
 
 class Compiled:
@@ -53,25 +46,21 @@ class Compiled:
         self.out = OwnedBlock()
 
 
-class TensorWorker:
-    """The serving loop of one tensor worker."""
+class TensorWorker(WorkerLoop):
+    """One model's executables of one tensor backend."""
 
     def __init__(self, conn: Connection, backend_name: str) -> None:
-        self.conn = conn
+        super().__init__(conn)
         self.backend_name = backend_name
         self.backend: Backend | None = None
-        self.send_lock = threading.Lock()
         self.compiled: dict[int, Compiled] = {}
         self.inputs = AttachedBlocks()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
-        with self.send_lock:
-            self.conn.send(msg)
-
     def open(self, options: dict[str, Any]) -> None:
-        section = SECTIONS[self.backend_name](**(options.get("settings") or {}))
+        section = backend_class(self.backend_name).options_class(
+            **(options.get("settings") or {}))
         backend = load_backend(self.backend_name, section)
-        if options.get("cache_dir") and hasattr(backend, "cache_dir"):
+        if options.get("cache_dir"):
             backend.cache_dir = Path(options["cache_dir"])
         self.backend = backend
         self.send(("ready", {"pid": os.getpid()}))
@@ -106,7 +95,12 @@ class TensorWorker:
         if entry is not None:
             self._release(entry)
 
-    def handle(self, kind: str, rid: int, args: tuple[Any, ...]) -> None:
+    def handle(self, msg: tuple[Any, ...]) -> None:
+        # in this thread, one request at a time: handing each run to another thread costs
+        # more than the run of a small model (~200 us per call on a loaded 2-core board); the
+        # daemon holds one device per request anyway, and a model's executables on two devices
+        # of one runtime then take turns here
+        kind, rid, args = msg[0], msg[1], msg[2:]
         try:
             if kind == "compile":
                 value: Any = self.compile(*args)
@@ -121,42 +115,11 @@ class TensorWorker:
         except Exception as exc:
             self.send(("error", rid, error_data(exc)))
 
-    def serve(self) -> int:
-        """Read messages until the daemon closes the connection; 0 on a clean close."""
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                break  # the daemon went away: nothing left to serve
-            kind = msg[0]
-            if kind == "open":
-                try:
-                    self.open(msg[1])
-                except Exception as exc:
-                    self.send(("failed", error_data(exc)))
-                    return 1
-            elif kind == "close":
-                break
-            else:
-                # in this thread, one request at a time: handing each run to another thread
-                # costs more than the run of a small model (~200 us per call on a loaded
-                # 2-core board); the daemon holds one device per request anyway, and a model's
-                # executables on two devices of one runtime then take turns here
-                self.handle(kind, msg[1], msg[2:])
+    def finish(self, asked: bool) -> None:
         for xid in list(self.compiled):
             self.release(xid)
-        return 0
 
 
 def main(fd: int, backend_name: str) -> int:
     """Serve the connection on ``fd`` (inherited from the daemon) until it closes."""
-    # the daemon's Ctrl-C reaches the whole process group: the daemon decides when we stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = TensorWorker(Connection(fd), backend_name)
-    rc = 1
-    try:
-        rc = worker.serve()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+    return run(TensorWorker(Connection(fd), backend_name))

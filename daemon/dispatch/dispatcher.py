@@ -78,7 +78,7 @@ class Dispatcher:
         self._backends = backends
         # the daemon passes its one BackendSet; a CLI run builds its own
         self.backend_set = backend_set or BackendSet(
-            lambda name: getattr(config.backends, name, None), config.backends.enabled,
+            config.backends.options_of, config.backends.enabled,
             config.state_dir / "cache")
         # (model, input-shape signature) -> its dispatch state, least recently used first;
         # a GGUF model has one entry with an empty signature
@@ -92,7 +92,6 @@ class Dispatcher:
         # background planning: a request never waits for profiling (seconds to minutes)
         self.background = BackgroundPlans()
         self.plan_failures = self.background.failures
-        self.planning_progress = self.background.progress
 
     # ---- set-up -------------------------------------------------------------------------------
     def reload(self, config: Config) -> None:

@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 _MODE_RE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)\s*>")
 _QUERY_RE = re.compile(r"NV Power Mode:\s*(\S+)\s*\n\s*(\d+)")
 _PARAM_RE = re.compile(r"<\s*PARAM\s+TYPE=\w+\s+NAME=\w+\s*>\n(.*?)(?=\n\s*\n|\n<|\Z)", re.S)
-TOOL_NAMES = ("nvpmodel", "jetson_clocks")
-
-
 def read_nvpmodel_modes(fs: Sysfs) -> dict[int, str]:
     """Mode id -> name from /etc/nvpmodel.conf below the root (empty when absent)."""
     text = fs.read_text(fs.path("/etc/nvpmodel.conf"))

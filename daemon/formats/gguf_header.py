@@ -46,13 +46,6 @@ class TensorInfo:
     offset: int             # from the start of the data section
     n_bytes: int
 
-    @property
-    def n_elements(self) -> int:
-        n = 1
-        for d in self.dims:
-            n *= d
-        return n
-
 
 @dataclass(frozen=True)
 class GgufHeader:

@@ -219,19 +219,3 @@ def sample_inputs(model: onnx.ModelProto | Path | str, seed: int = 0,
                 feed[vi.name] = rng.integers(0, 8, size=shape).astype(dtype)
         out.append(feed)
     return out
-
-
-def write_demo_models(model_dir: Path) -> list[Path]:
-    """Write the small demo ONNX models into ``model_dir`` (skips files already there)."""
-    model_dir = Path(model_dir)
-    made: list[Path] = []
-    specs = {
-        "demo-mlp.onnx": lambda p: mlp_stack(p, widths=(128, 256, 256, 128), batch=4),
-        "demo-cnn.onnx": lambda p: small_cnn(p, size=32, channels=(8, 16)),
-    }
-    for fname, make in specs.items():
-        path = model_dir / fname
-        if not path.exists():
-            make(path)
-            made.append(path)
-    return made

@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgepilot.backends.base import Executable
+from edgepilot.backends.base import Executable, GenerativeExecutable
 from edgepilot.errors import BusyError, CommandError
 from edgepilot.serving.devices import DeviceQueue, DeviceQueues
 from edgepilot.serving.registry import LoadedModel, ModelRegistry
@@ -98,8 +98,11 @@ class Generator:
                                f"POST /v1/infer/{name}", field="model")
         lm = await self.registry.acquire(name)
         exe = lm.executable
-        call = functools.partial(exe.chat if kind == "chat" else exe.complete,  # type: ignore[attr-defined]
-                                 prompt)
+        if not isinstance(exe, GenerativeExecutable):
+            self.registry.release(lm)
+            raise CommandError(f"model {name!r} on {exe.target} does not generate text",
+                               field="model")
+        call = functools.partial(exe.chat if kind == "chat" else exe.complete, prompt)
         work = self.work.begin(name)  # busy (for energy shares) until ended, whatever happens
         try:
             release = await self._enter(lm)
@@ -117,8 +120,9 @@ class Generator:
         # pool of the model's own, as many as it runs at once: on the daemon's shared pool,
         # N long chats would hold N of its few threads and stall every other blocking call
         # (tensor inference, sysfs, planning) until one ended.
-        own = getattr(exe, "executor", None) if exe.max_concurrency == 1 else None
-        if isinstance(own, concurrent.futures.Executor):
+        own = exe.executor if isinstance(exe, GenerativeExecutable) \
+            and exe.max_concurrency == 1 else None
+        if own is not None:
             return own
         pool = self._pools.get(exe)
         if pool is None:

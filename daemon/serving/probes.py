@@ -55,10 +55,6 @@ class BackendResult:
     targets: list[TargetResult] = field(default_factory=list)
 
 
-def settings_for(config: Config, name: str) -> Any:
-    return getattr(config.backends, name, None)
-
-
 def _onnx_probe(backend: Backend, targets: list[Target], work: Path) -> list[TargetResult]:
     import onnx
     from onnx.reference import ReferenceEvaluator
@@ -197,7 +193,7 @@ def run_selftests(config: Config, names: list[str] | None = None,
             out.append(res)
             try:
                 backend = (backend_of(name) if backend_of is not None
-                           else load_backend(name, settings_for(config, name)))
+                           else load_backend(name, config.backends.options_of(name)))
                 targets = backend.probe()
                 res.available, res.version = True, backend.version()
             except BackendUnavailable as exc:

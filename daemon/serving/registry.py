@@ -24,7 +24,7 @@ import psutil
 
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
-from edgepilot.backends.llamacpp.backend import LlamaCppBackend, LlamaExecutable
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 from edgepilot.blocking import RunBlocking
 from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
@@ -108,7 +108,7 @@ class ModelRegistry:
                 item.update(target=str(lm.executable.target), memory_bytes=lm.memory_bytes,
                             idle_s=round(time.monotonic() - lm.last_used, 3),
                             # a model in a worker process (GGUF isolation): which one; else None
-                            worker_pid=getattr(lm.executable, "worker_pid", None))
+                            worker_pid=lm.executable.worker_pid)
             if name in self.errors:
                 item["error"] = self.errors[name]
             out.append(item)
@@ -205,9 +205,9 @@ class ModelRegistry:
         return self.compile_whole(model)
 
     def _open_gguf(self, model: files.ResolvedModel) -> Executable:
-        """Load with the GGUF plan's offload and threads when one is planned or cached, and
-        hand the loaded model to the plan, which sets its thread count per request and watches
-        its decode speed."""
+        """Load with the GGUF plan's offload and threads when one is planned or cached, the plan
+        governing the loaded model: it sets its thread count per request and watches its
+        decode speed."""
         info: GgufInfo = read_gguf_info(model.path)
         llama = self._llama()
         n_ctx = model.entry.n_ctx or llama.settings.n_ctx
@@ -222,15 +222,11 @@ class ModelRegistry:
         # [backends.llamacpp] isolation: a worker process (default) or the llama.cpp thread
         exe = llama.open_served(model.path, model=model.name, n_ctx=n_ctx, info=info,
                                 n_gpu_layers=None if plan is None else plan.n_gpu_layers,
-                                emit=self.emit)
+                                emit=self.emit, governor=gd)
         if plan is not None:
             exe.set_threads(plan.n_threads)
             log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
                      plan.n_threads, plan.n_gpu_layers)
-        if isinstance(exe, LlamaExecutable) and gd is not None:
-            gd.serve(exe)
-        elif gd is not None:
-            exe.governor = gd  # the worker's thread count and decode speed, relayed
         return exe
 
     def _gguf_plan(self, name: str) -> GgufDispatch | None:

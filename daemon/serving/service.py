@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,17 +161,12 @@ class ModelsService:
                 await self.registry.unload(name, reason=reason)
             except EdgepilotError as exc:  # one stuck model must not stop the others
                 log.error("model %s not unloaded on reload: %s", name, exc.message)
-        self.backends.reset(backend_options(new), new.backends.enabled)
+        self.backends.reset(new.backends.options_of, new.backends.enabled)
         self.serving.reload(new)
         for name in list(self.failed):
             if name not in after or before.get(name) != after.get(name):
                 self.failed.pop(name)  # gone, or it gets another chance with its new entry
         self._update_ready()
-
-
-def backend_options(config: Config) -> Callable[[str], Any]:
-    """A backend's options section by backend name (None: the backend's defaults)."""
-    return lambda name: getattr(config.backends, name, None)
 
 
 @dataclass(frozen=True)

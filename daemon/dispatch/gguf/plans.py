@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from edgepilot.backends.llamacpp.backend import LlamaCppBackend, LlamaExecutable
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 from edgepilot.dispatch.gguf import explain as gguf_explain
 from edgepilot.dispatch.gguf.live import LiveStats, LiveTrial, trial_reason
 from edgepilot.dispatch.gguf.measure import Hold, measure
@@ -246,11 +246,6 @@ class GgufDispatch:
         return None
 
     # ---- live serving -------------------------------------------------------------------------
-    def serve(self, exe: LlamaExecutable) -> None:
-        """Govern the registry's loaded copy of this model: its thread count per request
-        (the plan's, or a trial's) and the decode speed it observes."""
-        exe.governor = self
-
     def threads_for_request(self) -> int | None:
         with self._live_lock:
             if self.plan is None:

@@ -14,7 +14,6 @@ so the result equals the brute-force optimum (property-tested).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from edgepilot.errors import PlanError
@@ -144,21 +143,6 @@ def _pareto(labels: list[_Label]) -> list[_Label]:
         if not any(_dominated(lab, k) for k in kept):
             kept.append(lab)
     return kept
-
-
-def brute_force(table: CostTable) -> tuple[list[int], float]:
-    """Exhaustive reference for tests (``len(targets) ** n_layers`` assignments)."""
-    best: tuple[list[int], float] = ([], INF)
-    for combo in itertools.product(range(len(table.targets)), repeat=table.n_layers):
-        assign = list(combo)
-        if not feasible(table, assign):
-            continue
-        cost = plan_cost(table, assign)
-        if cost < best[1]:
-            best = (assign, cost)
-    if best[1] == INF:
-        raise PlanError("no feasible plan", field="budgets")
-    return best
 
 
 def merge(assign: list[int]) -> list[tuple[int, int, int]]:
