@@ -63,13 +63,13 @@ system-deps:
 test: install system-deps
 	scripts/link-pyarmnn.sh $(VENV)
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
-	$(VENV)/bin/mypy daemon backends
+	scripts/typecheck.sh $(VENV)
 	scripts/lint-imports.sh $(VENV)
 	$(PY) -m pytest
 
 lint: install
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
-	$(VENV)/bin/mypy daemon backends
+	scripts/typecheck.sh $(VENV)
 	scripts/lint-imports.sh $(VENV)
 
 bench: install

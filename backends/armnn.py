@@ -76,6 +76,11 @@ def _dtype_name(ann: Any, dt: int) -> str:
     return f"armnn:{dt}"
 
 
+def _dims(spec: TensorSpec) -> tuple[int, ...]:
+    """An Arm NN tensor's dims (always fixed: see :func:`_spec`)."""
+    return tuple(d for d in spec.shape if isinstance(d, int))
+
+
 def _spec(ann: Any, name: str, info: Any) -> TensorSpec:
     shape = info.GetShape()
     return TensorSpec(name, _dtype_name(ann, info.GetDataType()),
@@ -109,7 +114,7 @@ class ArmnnExecutable(Executable):
         arrays = []
         for (name, _), spec in zip(self._in, self.inputs, strict=True):
             arr = np.ascontiguousarray(inputs[name], dtype=spec.dtype)
-            if arr.size != int(np.prod(spec.shape)):
+            if arr.size != int(np.prod(_dims(spec))):
                 raise BackendError(f"input {name!r} has {arr.size} elements; Arm NN network "
                                    f"wants shape {list(spec.shape)}", field=f"inputs.{name}")
             arrays.append(arr)
@@ -118,7 +123,7 @@ class ArmnnExecutable(Executable):
             out_t = ann.make_output_tensors([b for _, b in self._out])
             runtime().EnqueueWorkload(self.net_id, in_t, out_t)
             results = ann.workload_tensors_to_ndarray(out_t)
-        return {n: np.array(r).reshape(s.shape)
+        return {n: np.array(r).reshape(_dims(s))
                 for (n, _), r, s in zip(self._out, results, self.outputs, strict=True)}
 
     def close(self) -> None:

@@ -60,10 +60,10 @@ class BackendSet:
                 except BackendUnavailable as exc:
                     self._built[name] = None
                     self._errors[name] = exc.message
-            backend = self._built[name]
-        if backend is None:
+            built = self._built[name]
+        if built is None:
             raise BackendUnavailable(self._errors[name], field="backend")
-        return backend
+        return built
 
     def names(self) -> list[str]:
         """Installed, enabled backends."""

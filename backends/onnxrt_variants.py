@@ -116,7 +116,7 @@ def make_variant(model: onnx.ModelProto, recipe: str, workdir: Path) -> onnx.Mod
     elif recipe == "int8-qdq":
         from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-        quantize_static(src, dst, _calibration_reader(model),  # type: ignore[arg-type]
+        quantize_static(src, dst, _calibration_reader(model),
                         quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
                         weight_type=QuantType.QInt8)
     else:

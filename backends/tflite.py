@@ -66,7 +66,7 @@ def _interpreter_module() -> Any:
         from ai_edge_litert import interpreter
     except ImportError:
         try:
-            from tflite_runtime import interpreter  # type: ignore[no-redef]
+            from tflite_runtime import interpreter
         except ImportError:
             raise BackendUnavailable(
                 "neither ai_edge_litert nor tflite_runtime is installed; "

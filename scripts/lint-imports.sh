@@ -9,9 +9,6 @@ venv=${1:-$root/.venv}
 case $venv in /*) ;; *) venv=$(pwd)/$venv ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir "$tmp/edgepilot"
-cp -R "$root/daemon/." "$tmp/edgepilot/"
-rm -rf "$tmp/edgepilot/backends"
-cp -R "$root/backends" "$tmp/edgepilot/backends"
+"$root/scripts/package-tree.sh" "$tmp" "$root"
 cd "$tmp"
 PYTHONPATH="$tmp" "$venv/bin/lint-imports" --no-cache "$root/pyproject.toml"

@@ -215,7 +215,7 @@ class LlamaWorkerExecutable(GenerativeExecutable):
         return self._memory
 
     @property
-    def step_guard(self) -> StepGuard | None:  # type: ignore[override]
+    def step_guard(self) -> StepGuard | None:
         return self._step_guard
 
     @step_guard.setter

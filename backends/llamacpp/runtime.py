@@ -121,7 +121,7 @@ def counting_llama(llama_cpp: Any) -> Any:
     """
     global _counting_class
     if _counting_class is None:
-        class CountingLlama(llama_cpp.Llama):  # type: ignore[misc, name-defined]
+        class CountingLlama(llama_cpp.Llama):
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 self.sampled: list[int] = []

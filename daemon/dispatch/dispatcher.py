@@ -143,7 +143,8 @@ class Dispatcher:
 
     def budgets(self) -> dict[str, float]:
         mb = self.config.backends.memory_budget_mb
-        budgets = {k: v * 1024 * 1024 for k, v in self.config.dispatch.memory_budgets_mb.items()}
+        budgets: dict[str, float] = {
+            k: v * 1024 * 1024 for k, v in self.config.dispatch.memory_budgets_mb.items()}
         if mb:
             budgets.setdefault("cpu", mb * 1024 * 1024)
         return budgets
@@ -215,9 +216,9 @@ class Dispatcher:
                            shapes=resolved, graph_dir=self.config.state_dir / "cache" / "graphs",
                            recent=lambda: list(recent))
         with self._lock:
-            md = self._models.setdefault((name, sig), md)
+            found = self._models.setdefault((name, sig), md)
             self._evict(name, d.max_signatures)
-            return md
+            return found
 
     def _evict(self, name: str, limit: int) -> None:
         """Drop the least recently used signatures of ``name`` beyond ``limit`` (lock held)."""
@@ -381,7 +382,8 @@ class Dispatcher:
         freqs = board_freqs(self.board)
         models = self.prepared()
         if only_if_moved:
-            models = [md for md in models if md.freqs != freqs]
+            # a GGUF plan is not re-timed on clock moves (its set_clocks keeps it)
+            models = [md for md in models if isinstance(md, ModelDispatch) and md.freqs != freqs]
             if not models:
                 return False
         self.clock_replans.append(reason)

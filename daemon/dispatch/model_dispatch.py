@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, Target
+from edgepilot.backends.base import Backend, ModelKind, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment, SegmentFault
 from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.execution.recovery import Recovery
@@ -102,7 +102,7 @@ class ModelDispatch:
         """Partition, profile (or load the cached profile), plan, check and time.
         ``reprofile`` measures again even when the cache holds a profile (and replaces it)."""
         with self._lock:
-            kind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
+            kind: ModelKind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
             specs = tensor_specs(self.path, kind)[0]
             if self.shapes is None:
                 defaults = None
@@ -226,6 +226,7 @@ class ModelDispatch:
                      self.name, err, self.opts.tolerance, worst, ref)
             self.builder.forced[worst] = ref
         plan.error = err
+        assert self.part is not None  # partitioned before any plan
         time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
                           self.opts.runs, self.opts.warmup, self.opts.passes)
         # predicted above from earlier observations only; this measurement joins them after

@@ -27,7 +27,7 @@ def schema() -> Any:
     try:
         from ai_edge_litert import schema_py_generated
     except ImportError:  # tflite_runtime ships no schema; the one in tensorflow is the same
-        from tensorflow.lite.python import schema_py_generated  # type: ignore[no-redef]
+        from tensorflow.lite.python import schema_py_generated
     return schema_py_generated
 
 

@@ -358,7 +358,7 @@ class MqttLink:
         # the loop puts it in front of the outbox and old and new leave in one order. A resumed
         # QoS 2 session: leave it to paho, which completes each handshake with its packet id.
         back = [] if resumed else client.drop_out_messages()
-        client.subscribe([(t, self.cfg.qos) for t in self.topics.subscriptions()])
+        client.subscribe([(t, int(self.cfg.qos)) for t in self.topics.subscriptions()])
         self._call_soon(self._connected_on_loop, back, resumed)
 
     def _cb_connect_fail(self, _c: mqtt.Client, _u: Any) -> None:

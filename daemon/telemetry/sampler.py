@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import psutil
 
 from edgepilot.blocking import RunBlocking
+from edgepilot.board.board import Board, BoardSample
 from edgepilot.config import ConfigSource
 from edgepilot.events import EventBus
 from edgepilot.readiness import Readiness
@@ -41,30 +42,14 @@ Extra = Callable[[], Mapping[str, Any]]
 # the board's energy_j is its raw energy counters (RAPL), ours is the integral of power_w
 _RENAMED = {"energy_j": "board_energy_j"}
 _SKIPPED = ("ts",)
-__all__ = ["ActiveProfile", "BoardLike", "RawSample", "TelemetrySampler", "power_points"]
-
-
-class BoardSampleLike(Protocol):
-    """What the sampler needs from ``edgepilot.board.BoardSample``."""
-
-    rails_w: Mapping[str, float]
-    power_w: float | None
-    temps_c: Mapping[str, float]
-
-    def as_dict(self) -> dict[str, Any]: ...
-
-
-class BoardLike(Protocol):
-    """What the sampler needs from ``edgepilot.board.Board``."""
-
-    def sample(self) -> BoardSampleLike: ...
+__all__ = ["ActiveProfile", "RawSample", "TelemetrySampler", "power_points"]
 
 
 @dataclass(frozen=True)
 class RawSample:
     """What one blocking read returns; turned into a sample dict on the loop."""
 
-    board: BoardSampleLike | None
+    board: BoardSample | None
     board_error: str | None
     cpu_util_pct: float
     mem_used_pct: float
@@ -91,7 +76,7 @@ class TelemetrySampler:
 
     name = "telemetry"
 
-    def __init__(self, *, config: ConfigSource, board: BoardLike | None,
+    def __init__(self, *, config: ConfigSource, board: Board | None,
                  profiles: ActiveProfile | None, work: WorkMeter, power: PowerHistory,
                  events: EventBus, readiness: Readiness, run_blocking: RunBlocking,
                  state_dir: Path) -> None:
@@ -183,9 +168,8 @@ class TelemetrySampler:
     def trips(self) -> dict[str, list[dict[str, Any]]]:
         """Thermal trip points per zone (``{"type", "temp_c"}``, coolest first), read once."""
         if self._trips is None:
-            reader = getattr(self.board, "thermal_trips", None)
             try:
-                self._trips = reader() if reader is not None else {}
+                self._trips = dict(self.board.thermal_trips()) if self.board is not None else {}
             except Exception as exc:  # a sensor fault must not stop telemetry
                 log.warning("thermal trip points unreadable (%s: %s); shown without them",
                             type(exc).__name__, exc)

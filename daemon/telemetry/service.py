@@ -8,18 +8,19 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from edgepilot.blocking import RunBlocking
+from edgepilot.board.board import Board
 from edgepilot.command_registry import CommandRegistry, NoParams
 from edgepilot.config import ConfigSource
 from edgepilot.events import EventBus
 from edgepilot.readiness import Readiness
 from edgepilot.telemetry.metrics import TelemetryCollector
 from edgepilot.telemetry.power_history import PowerHistory
-from edgepilot.telemetry.sampler import ActiveProfile, BoardLike, TelemetrySampler
+from edgepilot.telemetry.sampler import ActiveProfile, TelemetrySampler
 from edgepilot.telemetry.work import WorkMeter
 
 
 def attach(commands: CommandRegistry, metrics: CollectorRegistry, *, config: ConfigSource,
-           board: BoardLike | None, profiles: ActiveProfile | None, work: WorkMeter,
+           board: Board | None, profiles: ActiveProfile | None, work: WorkMeter,
            power: PowerHistory, events: EventBus, readiness: Readiness,
            run_blocking: RunBlocking, state_dir: Path) -> TelemetrySampler:
     """Build the sampler (a service: it samples from start to stop), register

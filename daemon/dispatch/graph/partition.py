@@ -209,7 +209,8 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     """
     path = Path(path)
     if kind is None:
-        kind = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}.get(path.suffix.lower())
+        kinds: dict[str, ModelKind] = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}
+        kind = kinds.get(path.suffix.lower())
     digest = files.sha256_of(path)
     graph_path: Path | None = None
     if kind == "onnx":
