@@ -230,3 +230,16 @@ def test_gguf_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -
         assert status == 200 and reply["result"]["n_threads"] == 1
     finally:
         d.stop()
+
+
+def test_a_clock_event_that_moved_no_profile_leaves_a_gguf_plan_alone(tmp_path: Path) -> None:
+    """A thermal report that moved no profile re-predicts only the models whose clocks moved;
+    a GGUF plan is not re-timed on clocks, so it is never one of them (it used to fail the
+    whole re-prediction: a GGUF plan has no clocks to compare)."""
+    write_gguf(tmp_path / "models" / "chat.gguf", GgufSpec())
+    d = Dispatcher(config(tmp_path, gguf_threads=[1]))
+    plan = d.plan_for("chat")
+    assert d.clocks_changed("thermal", only_if_moved=True) is False
+    assert not d.clock_replans and d.plan_for("chat")["hash"] == plan["hash"]
+    assert d.clocks_changed("profile.applied") is True  # a profile move re-predicts it all
+    assert list(d.clock_replans) == ["profile.applied"]
