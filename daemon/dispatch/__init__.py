@@ -1,1 +1,1 @@
-"""edgepilot.dispatch"""
+"""Per-layer dispatch: the dispatcher and one dispatch state per model, from partition to replan."""

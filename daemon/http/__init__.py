@@ -1,1 +1,1 @@
-"""edgepilot.http"""
+"""The local HTTP API: health, metrics, commands, tensor inference, OpenAI routes, plans."""

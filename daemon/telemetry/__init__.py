@@ -1,1 +1,1 @@
-"""edgepilot.telemetry"""
+"""Telemetry: board power, energy, clocks and temperatures, with work and energy per model."""
