@@ -103,17 +103,17 @@ class Daemon:
         self.services: list[Service] = []
         self._stop_event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Built by attach_capabilities(). None where a capability is left out (tests attach
-        # a few), or before it ran; the serving layer's parts are set only when it is built.
+        # Built by attach_capabilities(); None where a capability is left out (tests attach
+        # a few) and before it ran.
         self.board: Board | None = None
         self.profiles: ProfileManager | None = None
         self.status: StatusReport | None = None
-        self.devices: DeviceQueues
-        self.backends: BackendSet
-        self.catalog: ModelCatalog
-        self.models: ModelRegistry
-        self.serving: Serving
-        self.generator: Generator
+        self.devices: DeviceQueues | None = None
+        self.backends: BackendSet | None = None
+        self.catalog: ModelCatalog | None = None
+        self.models: ModelRegistry | None = None
+        self.serving: Serving | None = None
+        self.generator: Generator | None = None
         self.dispatcher: Dispatcher | None = None
         self.telemetry: TelemetrySampler | None = None
         self.energy: EnergyService | None = None
@@ -154,14 +154,12 @@ class Daemon:
             return (server.host, server.port) if server is not None \
                 else (self.http_host, self.http_port)
 
-        has_serving = hasattr(self, "serving")
         return HttpApi(config=self.current_config, commands=self.commands,
                        readiness=self.readiness, metrics=self.metrics,
                        started_at=self.started_at, address=address,
-                       config_path=self.config_path,
-                       serving=self.serving if has_serving else None,
-                       generator=self.generator if has_serving else None,
-                       dispatcher=self.dispatcher, telemetry=self.telemetry)
+                       config_path=self.config_path, serving=self.serving,
+                       generator=self.generator, dispatcher=self.dispatcher,
+                       telemetry=self.telemetry)
 
     # ---- composition --------------------------------------------------------------------------
     def attach_capabilities(self, only: Collection[str] | None = None) -> None:
@@ -174,66 +172,62 @@ class Daemon:
         if unknown:
             raise ValueError(f"unknown capabilities {sorted(unknown)}; allowed: {CAPABILITIES}")
         cfg, live, run = self.config, self.current_config, self.run_blocking
-        common: dict[str, Any] = {"events": self.events, "readiness": self.readiness,
-                                  "run_blocking": run}
+        events, readiness = self.events, self.readiness
         services: dict[str, Service] = {}
-        if "dvfs" in want or "energy" in want:
+        if want & {"dvfs", "energy"}:
             self.board = Board(cfg.daemon.sysfs_root)
-            self.profiles = dvfs_service.make_manager(cfg, self.board, self.events)
+            self.profiles = dvfs_service.make_manager(cfg, self.board, events)
         if "telemetry" in want:
             self.telemetry = telemetry_service.attach(
                 self.commands, self.metrics, config=live, board=self.board,
-                profiles=self.profiles, work=self.work, power=self.power,
-                state_dir=cfg.state_dir, **common)
+                profiles=self.profiles, work=self.work, power=self.power, events=events,
+                readiness=readiness, run_blocking=run, state_dir=cfg.state_dir)
             services["telemetry"] = self.telemetry
         if want & {"serving", "dispatch", "energy"}:
             # what serving and planning share: one queue per device, one instance per
             # runtime, one catalog of model names
-            self.devices = DeviceQueues(cfg.http.max_queue, self.running_loop)
-            self.backends = BackendSet(cfg.backends.options_of,
-                                       cfg.backends.enabled, cfg.state_dir / "cache",
-                                       emit=self.events.emit)
-            self.catalog = ModelCatalog(cfg.model_dir, cfg.models)
-        if "dispatch" in want or "energy" in want:
-            self.dispatcher = Dispatcher(cfg, board=self.board, profiles=self.profiles,
-                                         catalog=self.catalog, emit=self.events.emit,
-                                         run_blocking=run, backend_set=self.backends,
-                                         hold_devices=self.devices.hold_devices)
-        if "dispatch" in want:
-            assert self.dispatcher is not None
-            services["dispatch"] = dispatch_service.attach(
-                self.commands, self.dispatcher, close_devices=self.devices.close, **common)
-        if "serving" in want:
-            parts = serving_service.attach(
-                self.commands, cfg, live=live, catalog=self.catalog, backends=self.backends,
-                devices=self.devices, dispatcher=self.dispatcher, work=self.work,
-                executor=self.executor, **common)
-            self.models, self.serving, self.generator = parts.registry, parts.serving, \
-                parts.generator
-            services["serving"] = parts.service
-        if "energy" in want:
-            assert self.profiles is not None and self.dispatcher is not None
-            self.energy = EnergyService(self.profiles, config=live, dispatcher=self.dispatcher,
-                                        sampler=self.telemetry,
-                                        hold_devices=self.devices.hold_devices, **common)
-            services["energy"] = self.energy
-        if "dvfs" in want:
-            assert self.profiles is not None
+            devices = self.devices = DeviceQueues(cfg.http.max_queue, self.running_loop)
+            backends = self.backends = BackendSet(
+                cfg.backends.options_of, cfg.backends.enabled, cfg.state_dir / "cache",
+                emit=events.emit)
+            catalog = self.catalog = ModelCatalog(cfg.model_dir, cfg.models)
+            if want & {"dispatch", "energy"}:
+                self.dispatcher = Dispatcher(
+                    cfg, board=self.board, profiles=self.profiles, catalog=catalog,
+                    emit=events.emit, run_blocking=run, backend_set=backends,
+                    hold_devices=devices.hold_devices)
+            if "dispatch" in want and self.dispatcher is not None:
+                services["dispatch"] = dispatch_service.attach(
+                    self.commands, self.dispatcher, events=events, readiness=readiness,
+                    run_blocking=run, close_devices=devices.close)
+            if "serving" in want:
+                parts = serving_service.attach(
+                    self.commands, cfg, live=live, catalog=catalog, backends=backends,
+                    devices=devices, dispatcher=self.dispatcher, work=self.work,
+                    events=events, readiness=readiness, run_blocking=run,
+                    executor=self.executor)
+                self.models, self.serving = parts.registry, parts.serving
+                self.generator, services["serving"] = parts.generator, parts.service
+            if "energy" in want and self.profiles is not None and self.dispatcher is not None:
+                self.energy = EnergyService(
+                    self.profiles, config=live, events=events, readiness=readiness,
+                    run_blocking=run, dispatcher=self.dispatcher, sampler=self.telemetry,
+                    hold_devices=devices.hold_devices)
+                services["energy"] = self.energy
+        if "dvfs" in want and self.profiles is not None:
             services["dvfs"] = dvfs_service.attach(
-                self.commands, self.profiles, config=live, sampler=self.telemetry,
-                choose_fallback=self.energy.slo.choose_fallback if self.energy else None,
-                **common)
+                self.commands, self.profiles, config=live, events=events,
+                readiness=readiness, run_blocking=run, sampler=self.telemetry,
+                choose_fallback=self.energy.slo.choose_fallback if self.energy else None)
         if "status" in want:
-            backends = getattr(self, "backends", None)
             self.status = status_capability.attach(
-                self.commands, started_at=self.started_at, readiness=self.readiness,
+                self.commands, started_at=self.started_at, readiness=readiness,
                 board=self.board, profiles=self.profiles,
-                backend_names=backends.names if backends is not None else list,
+                backend_names=self.backends.names if self.backends is not None else list,
                 http_url=self.http_url)
         if "mqtt" in want:
             self.mqtt = mqtt_service.attach(
-                cfg, events=self.events, commands=self.commands,
-                serving=getattr(self, "serving", None),
+                cfg, events=events, commands=self.commands, serving=self.serving,
                 status=self.status.snapshot if self.status is not None else dict,
                 telemetry=self.telemetry, run_blocking=run)
             services["mqtt"] = self.mqtt
