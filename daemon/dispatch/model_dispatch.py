@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +35,15 @@ from edgepilot.dispatch.measuring.measure import (
     Measurer,
     Progress,
 )
+from edgepilot.dispatch.measuring.runnable import pick_reference, runnable_layers
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
 from edgepilot.dispatch.planning.kernels import KernelModel
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
-from edgepilot.dispatch.targets import reference_target
+from edgepilot.dispatch.planning.versus import single_instead
+from edgepilot.dispatch.targets import reference_targets
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
@@ -102,6 +105,7 @@ class ModelDispatch:
         """Partition, profile (or load the cached profile), plan, check and time.
         ``reprofile`` measures again even when the cache holds a profile (and replaces it)."""
         with self._lock:
+            started = time.perf_counter()
             kind: ModelKind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
             specs = tensor_specs(self.path, kind)[0]
             if self.shapes is None:
@@ -126,13 +130,12 @@ class ModelDispatch:
                 from edgepilot.backends.tflite import file_precision
 
                 precision = file_precision(self.path)
-            self.reference = ref = reference_target(self.targets, part.kind, precision)
-            ref_exe = self._backend(ref).compile(part.segment(0, len(part.layers)), ref)
             self.calibration = samples.feeds
-            try:
-                self.ref_outputs = [ref_exe.run(feed) for feed in self.calibration]
-            finally:
-                ref_exe.close()
+            ref, self.ref_outputs = pick_reference(
+                part, self.backends, reference_targets(self.targets, part.kind, precision),
+                self.calibration)
+            self.reference = ref
+            merges = runnable_layers(part, self._backend(ref), ref, self.calibration[0])
             key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
                              "signature": signature_of(self.shapes),
                              "inputs": samples.describe(),
@@ -154,12 +157,14 @@ class ModelDispatch:
                                     passes=self.opts.passes)
                 profile = measurer.table()
                 profile.freqs = dict(self.freqs)
+                profile.extra["merged"] = merges
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
                                        freqs=dict(self.freqs), budgets=dict(self.budgets),
                                        split_margin=self.opts.hysteresis,
                                        kernels=self._kernels())
             reason = "cache" if self.from_cache else "reprofile" if reprofile else "initial"
             plan, compiled = self._build(reason)
+            plan.planning_s = round(time.perf_counter() - started, 2)
             if self.cache is not None:
                 self.cache.store(self.name, key, {
                     "model": self.name, "parts": self.key_parts,
@@ -234,7 +239,10 @@ class ModelDispatch:
                                                   warmup=1, min_total_ms=MIN_TIMED_MS,
                                                   max_runs=MAX_RUNS)
         self.builder.record(plan.segments, per_segment)
-        return plan, compiled
+        single = single_instead(self.name, self.builder, self.part, plan, compiled,
+                                self.backends, self.calibration[0], self.opts.hysteresis,
+                                self.check_error)
+        return single if single is not None else (plan, compiled)
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan

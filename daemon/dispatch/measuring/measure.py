@@ -100,6 +100,38 @@ def copy_bandwidth(nbytes: int = 4 << 20, runs: int = 7) -> float:
     return nbytes / max(ms, 1e-6)
 
 
+def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> str | None:
+    """The first output holding NaN/inf where the reference's same tensor holds none."""
+    for name, value in out.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            want = np.asarray(ref.get(name, np.zeros(1)))
+            if want.dtype.kind not in "fc" or np.isfinite(want).all():
+                return name
+    return None
+
+
+def exclusions(cells: list[dict[str, Cell]], whole: Mapping[str, Cell]) -> list[dict[str, Any]]:
+    """Every (layer range, target) that could not run, with its one-line reason: consecutive
+    layers failing on one target for one reason are one entry; the whole model is
+    ``[0, n)``."""
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(cells):
+        for target, cell in row.items():
+            if cell.ms is not None:
+                continue
+            prev = next((e for e in out if e["target"] == target and e["layers"][1] == i
+                         and e["reason"] == cell.reason), None)
+            if prev is not None:
+                prev["layers"][1] = i + 1
+            else:
+                out.append({"layers": [i, i + 1], "target": target, "reason": cell.reason})
+    n = len(cells)
+    out.extend({"layers": [0, n], "target": t, "reason": c.reason}
+               for t, c in whole.items() if c.ms is None and n > 1)
+    return out
+
+
 class Measurer:
     """Times a partition's layers on targets; see the module docstring for the method."""
 
@@ -159,6 +191,10 @@ class Measurer:
             err = 0.0
             for env in envs:
                 out = exe.run(env)
+                bad = non_finite(out, env)
+                if bad:
+                    return Cell(None, reason=f"non-finite values in output {bad!r} where the "
+                                             "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
             feed = envs[0]
             ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS)
@@ -177,11 +213,16 @@ class Measurer:
         """
         if cell.ms is None:
             return
-        exe = self.compile(start, end, target)
+        try:
+            exe = self.compile(start, end, target)
+        except EdgepilotError:
+            return  # compiled once already: keep the first pass's timing
         try:
             feed = self.reference_envs()[0]
             cell.ms = min(cell.ms, median_ms(lambda: exe.run(feed), self.runs, self.warmup,
                                              MIN_TIMED_MS))
+        except EdgepilotError:
+            pass
         finally:
             exe.close()
 
@@ -235,7 +276,8 @@ class Measurer:
         whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
         return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
                             metric=self.metric,
-                            extra={"whole_ms": whole, "whole_error": whole_error})
+                            extra={"whole_ms": whole, "whole_error": whole_error,
+                                   "excluded": exclusions(cells, whole_cells)})
 
     def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
         """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""
