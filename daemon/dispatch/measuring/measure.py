@@ -69,12 +69,19 @@ MIN_TIMED_MS = 3.0
 MAX_RUNS = 300
 
 
+# early elimination: after this many timed runs, a candidate this many times slower than the
+# best one measured for the same layer cannot change the decision and is timed no further
+EARLY_RUNS = 3
+EARLY_FACTOR = 3.0
+
+
 def median_ms(fn: Callable[[], object], runs: int, warmup: int,
-              min_total_ms: float = 0.0) -> float:
+              min_total_ms: float = 0.0, bound_ms: float | None = None) -> float:
     """Median wall time of ``fn`` in ms after ``warmup`` untimed calls.
 
     ``min_total_ms`` adds runs (up to MAX_RUNS) until that much time was timed: a 20 µs layer
     timed 7 times is mostly timer and scheduler noise, timed 150 times its median is stable.
+    ``bound_ms``: stop after EARLY_RUNS runs whose median is over it (a loser stays a loser).
     """
     for _ in range(warmup):
         fn()
@@ -84,6 +91,9 @@ def median_ms(fn: Callable[[], object], runs: int, warmup: int,
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        if (bound_ms is not None and len(times) >= EARLY_RUNS
+                and statistics.median(times) * 1e3 > bound_ms):
+            break
         if len(times) == want and min_total_ms > 0:
             total_ms = sum(times) * 1e3
             if total_ms < min_total_ms:
@@ -109,6 +119,12 @@ def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> 
             if want.dtype.kind not in "fc" or np.isfinite(want).all():
                 return name
     return None
+
+
+def _bound(row: Mapping[str, Cell]) -> float | None:
+    """EARLY_FACTOR times the fastest timing in ``row`` so far (None: nothing timed yet)."""
+    timed = [c.ms for c in row.values() if c.ms is not None]
+    return EARLY_FACTOR * min(timed) if timed else None
 
 
 def exclusions(cells: list[dict[str, Cell]], whole: Mapping[str, Cell]) -> list[dict[str, Any]]:
@@ -174,8 +190,10 @@ class Measurer:
             self._ref_envs = envs
         return self._ref_envs
 
-    def measure(self, start: int, end: int, target: Target) -> Cell:
-        """Compile layers ``[start, end)`` on ``target``, time it and measure its error."""
+    def measure(self, start: int, end: int, target: Target,
+                bound_ms: float | None = None) -> Cell:
+        """Compile layers ``[start, end)`` on ``target``, time it and measure its error
+        (timing stops early once it is over ``bound_ms``: see :func:`median_ms`)."""
         backend = self.backends[target.backend]
         seg = self.part.segment(start, end)
         support = backend.supports(seg, target)
@@ -197,7 +215,8 @@ class Measurer:
                                              "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
             feed = envs[0]
-            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS)
+            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS,
+                           bound_ms)
             return Cell(ms, err, exe.memory_bytes)
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
@@ -241,15 +260,19 @@ class Measurer:
         for i, layer in enumerate(self.part.layers):
             row: dict[str, Cell] = {}
             for target in self.targets:
-                row[str(target)] = self.measure(i, i + 1, target)
+                row[str(target)] = self.measure(i, i + 1, target, _bound(row))
                 done += 1
                 if self.progress:
                     self.progress(done, total, f"{layer.name} on {target}")
             cells.append(row)
         for _ in range(1, self.passes):
             for i, row in enumerate(cells):
+                bound = _bound(row)
                 for target in self.targets:
-                    self.retime(i, i + 1, target, row[str(target)])
+                    cell = row[str(target)]
+                    if bound is None or (cell.ms or 0.0) <= bound:
+                        # a cell EARLY_FACTOR x slower than the layer's best cannot win it
+                        self.retime(i, i + 1, target, cell)
                     done += 1
                     if self.progress:
                         self.progress(done, total, f"{self.part.layers[i].name} on {target} "
