@@ -297,6 +297,13 @@ class DispatchSection(Section):
         return value
 
 
+class FleetSection(Section):
+    share_plans: bool | None = Field(None, description="Adopt plans identical boards published "
+                                     "over MQTT, publish this board's (default: [mqtt] enabled).")
+    verify_tolerance: float = Field(0.10, gt=0, le=100, description="How far (relative) a "
+                                    "shared plan's timings here may be from the published ones.")
+
+
 class Config(Section):
     """The whole configuration file."""
 
@@ -308,6 +315,7 @@ class Config(Section):
     backends: BackendsSection = Field(default_factory=BackendsSection)
     models: list[ModelEntry] = Field(default_factory=list, max_length=256)
     dispatch: DispatchSection = Field(default_factory=DispatchSection)
+    fleet: FleetSection = Field(default_factory=FleetSection)
 
     @field_validator("models")
     @classmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -34,6 +35,8 @@ from edgepilot.command_registry import CommandRegistry
 from edgepilot.config import Config, check_http_exposure, load_config
 from edgepilot.dispatch import service as dispatch_service
 from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.planning.cache import PlanCache
+from edgepilot.dispatch.planning.shared import PlanExchange, fingerprint
 from edgepilot.dvfs import service as dvfs_service
 from edgepilot.dvfs.energy_policies import EnergyService
 from edgepilot.dvfs.manager import ProfileManager
@@ -115,6 +118,7 @@ class Daemon:
         self.serving: Serving | None = None
         self.generator: Generator | None = None
         self.dispatcher: Dispatcher | None = None
+        self.plan_exchange: PlanExchange | None = None
         self.telemetry: TelemetrySampler | None = None
         self.energy: EnergyService | None = None
         self.mqtt: MqttService | None = None
@@ -192,10 +196,12 @@ class Daemon:
                 emit=events.emit)
             catalog = self.catalog = ModelCatalog(cfg.model_dir, cfg.models)
             if want & {"dispatch", "energy"}:
+                self.plan_exchange = self._plan_exchange(want)
                 self.dispatcher = Dispatcher(
                     cfg, board=self.board, profiles=self.profiles, catalog=catalog,
                     emit=events.emit, run_blocking=run, backend_set=backends,
-                    hold_devices=devices.hold_devices)
+                    hold_devices=devices.hold_devices,
+                    plan_cache=PlanCache(cfg.state_dir / "plans", shared=self.plan_exchange))
             if "dispatch" in want and self.dispatcher is not None:
                 services["dispatch"] = dispatch_service.attach(
                     self.commands, self.dispatcher, events=events, readiness=readiness,
@@ -229,9 +235,20 @@ class Daemon:
             self.mqtt = mqtt_service.attach(
                 cfg, events=events, commands=self.commands, serving=self.serving,
                 status=self.status.snapshot if self.status is not None else dict,
-                telemetry=self.telemetry, run_blocking=run)
+                telemetry=self.telemetry, run_blocking=run, plan_exchange=self.plan_exchange,
+                plan_parts=self.dispatcher.key_parts if self.dispatcher is not None else None)
             services["mqtt"] = self.mqtt
         self.services.extend(services[name] for name in CAPABILITIES if name in services)
+
+    def _plan_exchange(self, want: set[str]) -> PlanExchange | None:
+        """Plans shared with identical boards over the broker ([fleet] share_plans)."""
+        cfg = self.config
+        share = cfg.fleet.share_plans
+        if not (cfg.mqtt.enabled if share is None else share) or "mqtt" not in want \
+                or not cfg.mqtt.enabled:
+            return None
+        return PlanExchange(functools.partial(fingerprint, self.board), emit=self.events.emit,
+                            source=cfg.mqtt.device_id, tolerance=cfg.fleet.verify_tolerance)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def run(self) -> int:

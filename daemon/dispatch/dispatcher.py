@@ -60,11 +60,12 @@ class Dispatcher:
                  run_blocking: RunBlocking | None = None, progress: Progress | None = None,
                  backends: dict[str, Backend] | None = None,
                  backend_set: BackendSet | None = None,
-                 hold_devices: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
+                 hold_devices: Callable[[], AbstractContextManager[Any]] | None = None,
+                 plan_cache: PlanCache | None = None) -> None:
         """``catalog``: where model names are looked up (the daemon's, shared with its model
         registry; else one over the config that also takes model file paths, as the CLI
-        does). ``hold_devices``: held around each timed round, so that no request runs
-        meanwhile (the daemon's device queues)."""
+        does). ``hold_devices``: held around each timed round, so no request runs meanwhile
+        (the daemon's device queues). ``plan_cache``: the daemon's, shared with the fleet."""
         self.config, self.board, self.profiles = config, board, profiles
         self.catalog = catalog or ModelCatalog(config.model_dir, config.models, paths=True)
         self.hold_devices = hold_devices
@@ -74,7 +75,7 @@ class Dispatcher:
         # set on stop: profiling checks it at every step, so a stopping daemon does not wait
         # for a long measurement in a worker thread
         self.cancelled = False
-        self.cache = PlanCache(config.state_dir / "plans")
+        self.cache = plan_cache or PlanCache(config.state_dir / "plans")
         self._backends = backends
         # the daemon passes its one BackendSet; a CLI run builds its own
         self.backend_set = backend_set or BackendSet(

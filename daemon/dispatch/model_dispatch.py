@@ -35,7 +35,7 @@ from edgepilot.dispatch.measuring.measure import (
     Measurer,
     Progress,
 )
-from edgepilot.dispatch.measuring.runnable import pick_reference, runnable_layers
+from edgepilot.dispatch.measuring.runnable import reference_for
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
 from edgepilot.dispatch.planning.kernels import KernelModel
@@ -43,7 +43,6 @@ from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
 from edgepilot.dispatch.planning.versus import single_instead
-from edgepilot.dispatch.targets import reference_targets
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
@@ -99,13 +98,14 @@ class ModelDispatch:
         self.reference: Target | None = None
         self.calibration: list[dict[str, np.ndarray]] = []
         self.ref_outputs: list[dict[str, np.ndarray]] = []
+        self.segment_ms: list[float] = []  # each segment of the last plan made, timed
         self.recovery = Recovery(self._readmit, opts.reprobe_s)
 
     def prepare(self, reprofile: bool = False) -> Plan:
         """Partition, profile (or load the cached profile), plan, check and time.
         ``reprofile`` measures again even when the cache holds a profile (and replaces it)."""
         with self._lock:
-            started = time.perf_counter()
+            started = time.monotonic()
             kind: ModelKind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
             specs = tensor_specs(self.path, kind)[0]
             if self.shapes is None:
@@ -125,31 +125,28 @@ class ModelDispatch:
             # only some layers (a delegate) is a planning fact, used for the layers it covers
             self.targets = [t for t in self.targets if t.backend in self.backends
                             and covers_any(self.backends[t.backend], part, t)]
-            precision = "fp32"
-            if kind == "tflite":
-                from edgepilot.backends.tflite import file_precision
-
-                precision = file_precision(self.path)
             self.calibration = samples.feeds
-            ref, self.ref_outputs = pick_reference(
-                part, self.backends, reference_targets(self.targets, part.kind, precision),
-                self.calibration)
+            ref, self.ref_outputs, merges = reference_for(part, self.backends, self.targets,
+                                                          self.calibration)
+            layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
             self.reference = ref
-            merges = runnable_layers(part, self._backend(ref), ref, self.calibration[0])
             key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
                              "signature": signature_of(self.shapes),
-                             "inputs": samples.describe(),
-                             "targets": [str(t) for t in self.targets],
+                             "inputs": samples.describe(), "targets": targets,
                              "tolerance": self.opts.tolerance, "metric": self.opts.metric,
                              "runs": self.opts.runs, "passes": self.opts.passes,
-                             "layers": [lay.name for lay in part.layers]})
+                             "layers": layers})
             cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
-            self.from_cache = False
+            shared = self.cache.shared if self.cache is not None else None
+            # else a plan an identical board published (dispatch/planning/shared.py)
+            adopted = shared.find(self.key_parts, part.model_hash, self.signature, layers,
+                                  targets) if cached is None and shared and not reprofile else None
+            cached = cached or adopted
+            self.from_cache = cached is not None
             forced: dict[int, str] = {}
             if cached is not None:
                 profile = LatencyTable.from_dict(cached["profile"])
                 forced = {int(k): v for k, v in cached.get("forced", {}).items()}
-                self.from_cache = True
             else:
                 measurer = Measurer(part, self.backends, self.targets, ref, self.calibration,
                                     runs=self.opts.runs, warmup=self.opts.warmup,
@@ -162,15 +159,21 @@ class ModelDispatch:
                                        freqs=dict(self.freqs), budgets=dict(self.budgets),
                                        split_margin=self.opts.hysteresis,
                                        kernels=self._kernels())
-            reason = "cache" if self.from_cache else "reprofile" if reprofile else "initial"
-            plan, compiled = self._build(reason)
-            plan.planning_s = round(time.perf_counter() - started, 2)
+            plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
+                                         else "reprofile" if reprofile else "initial")
+            spent = plan.planning_s = round(time.monotonic() - started, 3)
+            if adopted and shared and not shared.adopt(adopted, self.name, plan.segments,
+                                                       plan.measured_ms, self.segment_ms, spent):
+                return self.prepare(reprofile=True)  # it does not hold here: measure
+            doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
+                   "forced": {str(k): v for k, v in self.builder.forced.items()},
+                   "plan": plan.as_dict(), "model_sha256": part.model_hash,
+                   "signature": self.signature, "layers": layers, "targets": targets,
+                   "segment_ms": self.segment_ms, "planning_s": round(spent, 3)}
             if self.cache is not None:
-                self.cache.store(self.name, key, {
-                    "model": self.name, "parts": self.key_parts,
-                    "profile": profile.as_dict(),
-                    "forced": {str(k): v for k, v in self.builder.forced.items()},
-                    "plan": plan.as_dict()})
+                self.cache.store(self.name, key, doc)
+                if shared is not None and not self.from_cache:
+                    shared.publish(self.key_parts, doc)
             self._install(plan, compiled)
             return plan
 
@@ -179,8 +182,7 @@ class ModelDispatch:
         return signature_of(self.shapes) if self.shapes is not None else ""
 
     def _kernels(self) -> dict[str, KernelModel]:
-        """The targets' kernel-corpus fits (measured on the first plan of this board, then
-        cached); planning goes on without them when the corpus cannot be built."""
+        """The targets' kernel-corpus fits (measured on a board's first plan, then cached)."""
         if self.corpus is None:
             return {}
         try:
@@ -239,10 +241,14 @@ class ModelDispatch:
                                                   warmup=1, min_total_ms=MIN_TIMED_MS,
                                                   max_runs=MAX_RUNS)
         self.builder.record(plan.segments, per_segment)
+        self.segment_ms = list(per_segment)
         single = single_instead(self.name, self.builder, self.part, plan, compiled,
                                 self.backends, self.calibration[0], self.opts.hysteresis,
                                 self.check_error)
-        return single if single is not None else (plan, compiled)
+        if single is None:
+            return plan, compiled
+        self.segment_ms = [single[0].measured_ms or 0.0]
+        return single
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan

@@ -12,18 +12,20 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from edgepilot import __version__
 from edgepilot.blocking import RunBlocking
 from edgepilot.command_registry import CommandRegistry
 from edgepilot.config import Config
+from edgepilot.dispatch.planning.shared import PlanExchange
 from edgepilot.events import Event, EventBus
 from edgepilot.mqtt.commands import CommandTransport
 from edgepilot.mqtt.discovery import Discovery
 from edgepilot.mqtt.link import MqttLink
 from edgepilot.mqtt.outbox import Outbox, OutMessage
+from edgepilot.mqtt.plan_share import PlanShare
 from edgepilot.mqtt.state_report import SPOOL_FILE
 from edgepilot.mqtt.takeover import Takeover
 from edgepilot.mqtt.topics import Topics
@@ -44,8 +46,12 @@ class MqttService:
 
     def __init__(self, config: Config, *, events: EventBus, commands: CommandRegistry,
                  serving: Serving | None, status: Callable[[], dict[str, Any]],
-                 telemetry: TelemetrySampler | None, run_blocking: RunBlocking) -> None:
-        """``status()``: the retained status's fields; ``serving``: binary ``infer``'s."""
+                 telemetry: TelemetrySampler | None, run_blocking: RunBlocking,
+                 plans: PlanShare | None = None) -> None:
+        """``status()``: the retained status's fields; ``serving``: binary ``infer``'s;
+        ``plans``: plans shared with identical boards (None: not shared)."""
+        self.plans = plans
+        self._plan_task: asyncio.Task[None] | None = None
         self.events = events
         self.commands = commands
         self.serving = serving
@@ -78,6 +84,8 @@ class MqttService:
             log.exception("status snapshot failed; publishing a minimal status")
             snap = {"version": __version__}
         snap.update(state="online", device_id=self.cfg.device_id, ts=round(time.time(), 3))
+        if self.plans is not None:
+            snap["fleet"] = {"fingerprint": self.plans.fingerprint, "share_plans": True}
         return json.dumps(snap, default=str).encode()
 
     def stats(self) -> dict[str, Any]:
@@ -108,6 +116,25 @@ class MqttService:
                                         json.dumps(event, default=str).encode(), qos=self.cfg.qos))
         if str(event.get("type", "")).startswith(_STATUS_EVENTS):
             link.loop.call_soon_threadsafe(self._refresh_status)
+        if self.plans is not None and str(event.get("type", "")).startswith("profile."):
+            link.loop.call_soon_threadsafe(self._refresh_plans)  # the fingerprint may move
+
+    def _refresh_plans(self) -> None:
+        if self.plans is not None and self.link is not None:
+            self._plan_task = asyncio.ensure_future(self._resubscribe_plans(self.plans))
+
+    async def _resubscribe_plans(self, plans: PlanShare) -> None:
+        try:
+            if await plans.refresh():
+                self._refresh_status()  # the retained status names the fingerprint
+        except Exception:  # a board read failing must not take MQTT down
+            log.exception("subscribing to the shared plans failed")
+
+    def _on_message(self, topic: str, payload: bytes, properties: Any) -> None:
+        if self.plans is not None and self.plans.on_message(topic, payload):
+            return
+        if self.transport is not None:
+            self.transport.on_message(topic, payload, properties)
 
     def _refresh_status(self) -> None:
         if self.link is not None and self.link.connected:
@@ -116,6 +143,7 @@ class MqttService:
 
     def _on_connected(self) -> None:
         self.discovery.reset()
+        self._refresh_plans()
         telemetry = self.telemetry
         if self.cfg.homeassistant_discovery and telemetry is not None and self.link is not None:
             for msg in self.discovery.messages(telemetry.snapshot()):
@@ -148,10 +176,12 @@ class MqttService:
                                           max_payload_bytes=self.cfg.max_payload_bytes)
         self.link = MqttLink(self.cfg, self.topics, self.outbox, loop=loop,
                              online=self.status_payload, offline=self._offline("connection lost"),
-                             on_command=self.transport.on_message,
+                             on_command=self._on_message,
                              on_connected=self._on_connected,
                              on_taken_over=self._on_taken_over)
         self.events.subscribe(self._on_event)
+        if self.plans is not None:
+            self.plans.attach(self.link)
         self.link.start()
         if self.outbox.spool_path is not None:
             self._spool_task = asyncio.create_task(self._spool_loop(), name="mqtt-spool")
@@ -173,6 +203,12 @@ class MqttService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._spool_task
             self._spool_task = None
+        if self.plans is not None:
+            self.plans.detach()
+        if self._plan_task is not None:
+            self._plan_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._plan_task
         if self.transport is not None:
             await self.transport.close()
         if self.link is not None:
@@ -208,11 +244,19 @@ def _drain_all(outbox: Outbox) -> list[OutMessage]:
 
 def attach(config: Config, *, events: EventBus, commands: CommandRegistry,
            serving: Serving | None, status: Callable[[], dict[str, Any]],
-           telemetry: TelemetrySampler | None, run_blocking: RunBlocking) -> MqttService:
+           telemetry: TelemetrySampler | None, run_blocking: RunBlocking,
+           plan_exchange: PlanExchange | None = None,
+           plan_parts: Callable[[], Mapping[str, Any]] | None = None) -> MqttService:
     """Build the MQTT service and feed it every telemetry report (and its link's state into
-    them)."""
+    them); with ``plan_exchange``, plans are shared with identical boards over the broker
+    (``plan_parts``: what the board's fingerprint is computed from, the dispatcher's)."""
+    plans = None
+    if plan_exchange is not None and plan_parts is not None:
+        plans = PlanShare(plan_exchange, config.mqtt.topic_prefix, parts=plan_parts,
+                          run_blocking=run_blocking)
     service = MqttService(config, events=events, commands=commands, serving=serving,
-                          status=status, telemetry=telemetry, run_blocking=run_blocking)
+                          status=status, telemetry=telemetry, run_blocking=run_blocking,
+                          plans=plans)
     if telemetry is not None:
         telemetry.add_listener(service._on_report)
         telemetry.add_extra(service.stats)

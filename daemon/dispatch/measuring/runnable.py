@@ -25,6 +25,21 @@ log = logging.getLogger(__name__)
 Feed = dict[str, np.ndarray]
 
 
+def reference_for(part: Partition, backends: Mapping[str, Backend], targets: list[Target],
+                  feeds: Sequence[Feed]) -> tuple[Target, list[Feed], list[str]]:
+    """The reference target, its outputs on ``feeds``, and the layer merges it needed."""
+    from edgepilot.dispatch.targets import reference_targets
+
+    precision = "fp32"
+    if part.kind == "tflite":
+        from edgepilot.backends.tflite import file_precision
+
+        precision = file_precision(part.model_path)
+    ref, outputs = pick_reference(part, backends, reference_targets(targets, part.kind,
+                                                                    precision), feeds)
+    return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
+
+
 def pick_reference(part: Partition, backends: Mapping[str, Backend],
                    candidates: Sequence[Target], feeds: Sequence[Feed]
                    ) -> tuple[Target, list[Feed]]:

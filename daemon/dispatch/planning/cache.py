@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from edgepilot.dispatch.planning.shared import PlanExchange
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
@@ -26,10 +28,12 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 
 class PlanCache:
-    """JSON documents under ``<state_dir>/plans/<model>-<key>.json``."""
+    """JSON documents under ``<state_dir>/plans/<model>-<key>.json``; ``shared``: where plans
+    of identical boards are looked up on a miss, and where measured ones are published."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, shared: PlanExchange | None = None) -> None:
         self.directory = Path(directory)
+        self.shared = shared
 
     def path(self, model: str, key: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in model)[:64]

@@ -1,0 +1,144 @@
+"""The checks a shared plan passes before a board uses it (dispatch/planning/shared.py), on a
+plan a real dispatcher made: the fingerprint separates board kinds and DVFS profiles, a plan
+whose figures do not hold here is refused, malformed messages are one event each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from board_fixtures import build_tree
+
+from edgepilot.board.board import Board
+from edgepilot.config import parse_config
+from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.planning.cache import PlanCache
+from edgepilot.dispatch.planning.shared import PlanExchange, fingerprint, signature_segment
+from edgepilot.formats.onnx_gen import mlp_stack
+
+PARTS = {"profile": "balanced", "runtimes": {"onnxruntime": "1.0"}, "edgepilot": "0.1.0"}
+
+
+def test_fingerprint_is_the_board_kind_runtimes_and_profile(tmp_path: Path) -> None:
+    orin1, orin2 = build_tree(tmp_path / "o1", "orin"), build_tree(tmp_path / "o2", "orin")
+    rpi = build_tree(tmp_path / "r", "rpi5")
+    try:
+        fp = fingerprint(Board(orin1.root), PARTS)
+        assert fingerprint(Board(orin2.root), PARTS) == fp
+        assert fingerprint(Board(rpi.root), PARTS) != fp
+        assert fingerprint(Board(orin2.root), {**PARTS, "profile": "powersave"}) != fp
+        assert fingerprint(Board(orin2.root), {**PARTS, "runtimes": {"onnxruntime": "1.1"}}) != fp
+    finally:
+        for fake in (orin1, orin2, rpi):
+            fake.close()
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def __call__(self, kind: str, **fields: Any) -> None:
+        self.events.append({"type": kind, **fields})
+
+
+def published_plan(tmp_path: Path) -> tuple[dict[str, Any], Dispatcher]:
+    """Plan a real model with a dispatcher whose exchange captures what it publishes."""
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "mlp.onnx", widths=(32, 64, 32), batch=2)
+    cfg = parse_config({"daemon": {"state_dir": str(tmp_path / "s1"), "model_dir": str(models),
+                                   "demo_models": False},
+                        "dispatch": {"kernel_corpus": False, "profile_runs": 3}})
+    out: list[bytes] = []
+    exchange = PlanExchange(lambda parts: "f" * 16, emit=Recorded(), wait_s=0)
+    exchange.connect(lambda suffix, payload: out.append(payload))
+    d = Dispatcher(cfg, plan_cache=PlanCache(tmp_path / "s1" / "plans", shared=exchange))
+    d.plan_for("mlp")
+    assert len(out) == 1
+    return json.loads(out[0]), d
+
+
+@pytest.fixture
+def doc(tmp_path: Path) -> dict[str, Any]:
+    return published_plan(tmp_path)[0]
+
+
+def offer(doc: Any, *, sha: str | None = None, raw: bytes | None = None
+          ) -> tuple[PlanExchange, Recorded]:
+    emit = Recorded()
+    ex = PlanExchange(lambda parts: "f" * 16, emit=emit, wait_s=0)
+    sig = signature_segment(doc["signature"]) if isinstance(doc, dict) else "x"
+    sha = sha or (doc["model_sha256"] if isinstance(doc, dict) else "0" * 64)
+    ex.offer(f"p/fleet/plans/{'f' * 16}/{sha}/{sig}", "f" * 16, sha, sig,
+             raw if raw is not None else json.dumps(doc).encode())
+    return ex, emit
+
+
+def test_a_sound_plan_is_found_and_adopted_when_its_figures_hold(doc: dict[str, Any]) -> None:
+    ex, emit = offer(doc)
+    got = ex.find(PARTS, doc["model_sha256"], doc["signature"], doc["layers"], doc["targets"])
+    assert got == doc and not emit.events
+    segs = [(s["target"], *s["layers"]) for s in doc["plan"]["segments"]]
+    ms = doc["plan"]["measured_ms"]
+    assert ex.adopt(doc, "mlp", segs, ms * 1.05, [t * 0.95 for t in doc["segment_ms"]], 0.1)
+    assert [e["type"] for e in emit.events] == ["plan.adopted"]
+    assert emit.events[0]["planning_s"] == doc["planning_s"]
+    # 10% is the bound: 20% slower end to end, or one segment, is not this board's plan
+    assert not ex.adopt(doc, "mlp", segs, ms * 1.2, doc["segment_ms"], 0.1)
+    assert not ex.adopt(doc, "mlp", segs, ms, [t * 1.2 for t in doc["segment_ms"]], 0.1)
+    assert [e["type"] for e in emit.events] == ["plan.adopted", "plan.rejected",
+                                               "plan.rejected"]
+    assert emit.events[1]["reason"].startswith("verification: end to end")
+    assert emit.events[2]["reason"].startswith("verification: segment 0")
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda d: d.update(format=99), "format 99"),
+    (lambda d: d.update(fingerprint="0" * 16), "fingerprint"),
+    (lambda d: d["plan"]["segments"].pop(), "not a plan"),
+    (lambda d: d["profile"].update(cells="x"), "not a plan"),
+    (lambda d: d.update(segment_ms=[-1.0]), "not a plan"),
+    (lambda d: d.update(layers="all"), "layers must be"),
+])
+def test_a_malformed_plan_is_one_event_and_never_found(doc: dict[str, Any], change: Any,
+                                                       reason: str) -> None:
+    change(doc)
+    ex, emit = offer(doc)
+    assert [e["type"] for e in emit.events] == ["plan.rejected"]
+    assert emit.events[0]["reason"].startswith(reason), emit.events[0]["reason"]
+    assert ex.find(PARTS, doc["model_sha256"], str(doc["signature"]), ["x"], ["y"]) is None
+    assert len(emit.events) == 1
+
+
+def test_not_json_and_wrong_sha_and_missing_target(doc: dict[str, Any]) -> None:
+    assert offer(doc, raw=b"\xff{")[1].events[0]["reason"].startswith("not JSON")
+    assert offer(doc, sha="a" * 64)[1].events[0]["reason"].startswith("model_sha256")
+    ex, emit = offer(doc)
+    assert ex.find(PARTS, doc["model_sha256"], doc["signature"], doc["layers"],
+                   ["tflite/cpu/fp32"]) is None
+    assert emit.events[0]["reason"].startswith("names targets this board lacks")
+    # refused once: the next lookup neither finds it nor reports it again
+    assert ex.find(PARTS, doc["model_sha256"], doc["signature"], doc["layers"],
+                   doc["targets"]) is None
+    assert len(emit.events) == 1
+    ex, emit = offer(doc)
+    assert ex.find(PARTS, doc["model_sha256"], doc["signature"], doc["layers"][:-1],
+                   doc["targets"]) is None
+    assert emit.events[0]["reason"].startswith("layer boundaries differ")
+
+
+def test_a_second_dispatcher_adopts_instead_of_measuring(tmp_path: Path) -> None:
+    doc, first = published_plan(tmp_path)
+    ex, emit = offer(doc)
+    ex.tolerance = 50.0  # timing noise of a shared CI machine is not what this checks
+    published: list[bytes] = []
+    ex.connect(lambda suffix, payload: published.append(payload))
+    cfg = first.config.model_copy(update={"daemon": first.config.daemon.model_copy(
+        update={"state_dir": tmp_path / "s2"})})
+    second = Dispatcher(cfg, plan_cache=PlanCache(tmp_path / "s2" / "plans", shared=ex))
+    body = second.plan_for("mlp")
+    assert body["reason"] == "fleet" and body["from_cache"]
+    assert body["segments"] == doc["plan"]["segments"]
+    assert [e["type"] for e in emit.events] == ["plan.adopted"] and not published
