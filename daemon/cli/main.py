@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgepilot import __version__
-from edgepilot.cli import doctor, plan, profile, run, sweep, top, worker
+from edgepilot.cli import doctor, fleet, plan, profile, run, sweep, top, worker
 from edgepilot.errors import EdgepilotError
 
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("version", help="print the version")
     ver.add_argument("--json", action="store_true")
     ver.set_defaults(func=cmd_version)
-    for module in (doctor, profile, plan, sweep, top, worker):
+    for module in (doctor, profile, plan, sweep, top, fleet, worker):
         module.add_parser(sub)
     # global flags after the subcommand too (`edgepilot run --config F`, `make run ARGS=...`)
     for subparser in set(sub.choices.values()):

@@ -19,6 +19,7 @@ from edgepilot.http import (
     config,
     health,
     infer,
+    ollama,
     openai,
     plan,
     profile,
@@ -75,7 +76,8 @@ def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
 # schemas document the API); a prompt of 2 MiB is already far past any context, and parsing
 # it stalls the loop for tens of milliseconds at most. Tensor bodies are parsed off the loop.
 GENERATION_MAX_BODY = 2 * 1024 * 1024
-GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
+                     "/api/embed", "/api/embeddings")
 
 
 class BodyLimit:
@@ -178,7 +180,7 @@ def create_app(api: HttpApi) -> FastAPI:
         return http_error(422, {"code": "bad_request", "field": field,
                                 "message": f"field '{field}': {first.get('msg')}"})
 
-    for module in (health, commands, profile, telemetry, config, openai, infer, plan):
+    for module in (health, commands, profile, telemetry, config, openai, ollama, infer, plan):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, limit=api.config().http.max_body_bytes)
     return app

@@ -178,6 +178,8 @@ class CommandTransport:
             # the content type tells a binary (.npz) infer client an error reply from outputs
             props = Properties(PacketTypes.PUBLISH)
             props.ContentType = "application/json"
+            # who answers: a group command collects many replies under one correlation
+            props.UserProperty = [("device_id", self.topics.device_id)]
             if correlation is not None:
                 props.CorrelationData = correlation
         try:

@@ -54,6 +54,7 @@ class PlanShare:
         if self._settle is not None:
             self._settle.cancel()
         self.exchange.ready.clear()
+        self.exchange.subscribing = False
 
     def _fingerprint(self) -> str:
         return self.exchange.fingerprint_of(self.parts())
@@ -75,9 +76,14 @@ class PlanShare:
         self._subscribed = topic
         if self._settle is not None:
             self._settle.cancel()
-        self._settle = asyncio.get_running_loop().call_later(SETTLE_S, self.exchange.ready.set)
+        self.exchange.subscribing = True
+        self._settle = asyncio.get_running_loop().call_later(SETTLE_S, self._settled)
         log.info("sharing plans under %s/%s/", self.base, fp)
         return changed
+
+    def _settled(self) -> None:
+        self.exchange.ready.set()
+        self.exchange.subscribing = False
 
     def on_message(self, topic: str, payload: bytes) -> bool:
         """A message under the shared plans (True: handled here, whatever it held)."""

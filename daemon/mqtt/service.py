@@ -73,8 +73,10 @@ class MqttService:
 
     # ---- payloads ---------------------------------------------------------------------------
     def _offline(self, reason: str) -> bytes:
+        # groups: `edgepilot fleet run --group` names a stopped member as not answering
         return json.dumps({"state": "offline", "device_id": self.cfg.device_id,
-                           "version": __version__, "reason": reason}).encode()
+                           "version": __version__, "reason": reason,
+                           "groups": list(self.cfg.groups)}).encode()
 
     def status_payload(self) -> bytes:
         """The retained ``online`` status: the status snapshot plus state and device id."""
@@ -86,6 +88,12 @@ class MqttService:
         snap.update(state="online", device_id=self.cfg.device_id, ts=round(time.time(), 3))
         if self.plans is not None:
             snap["fleet"] = {"fingerprint": self.plans.fingerprint, "share_plans": True}
+        # what `edgepilot fleet ls` lists from the broker alone
+        snap["groups"] = list(self.cfg.groups)
+        latest = self.telemetry.latest() if self.telemetry is not None else {}
+        snap["power_w"] = latest.get("power_w")
+        if self.serving is not None:
+            snap["models"] = sorted(self.serving.registry.loaded)
         return json.dumps(snap, default=str).encode()
 
     def stats(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import Callable
@@ -67,6 +68,22 @@ class LoadedModel:
     in_use: int = 0
     # set on every release: unload waits on it until in_use is 0
     released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # a request's keep_alive (Ollama's): idle seconds before unloading, math.inf = never;
+    # None = the [[models]] entry's keep_alive_s
+    keep_alive_s: float | None = None
+
+    def keep_alive(self) -> float:
+        """Idle seconds after which this model is unloaded (``math.inf``: never)."""
+        return self.model.entry.keep_alive_s if self.keep_alive_s is None else self.keep_alive_s
+
+    def expires_at(self) -> float | None:
+        """Wall-clock time (epoch seconds) of the idle unload if nothing uses the model till
+        then; None when it is kept loaded."""
+        keep = self.keep_alive()
+        if math.isinf(keep):
+            return None
+        idle = 0.0 if self.in_use else time.monotonic() - self.last_used
+        return time.time() + max(0.0, keep - idle)
 
 
 
@@ -108,6 +125,7 @@ class ModelRegistry:
             if lm is not None:
                 item.update(target=str(lm.executable.target), memory_bytes=lm.memory_bytes,
                             idle_s=round(time.monotonic() - lm.last_used, 3),
+                            expires_at=lm.expires_at(),
                             # a model in a worker process (GGUF isolation): which one; else None
                             worker_pid=lm.executable.worker_pid)
             if name in self.errors:
@@ -336,7 +354,7 @@ class ModelRegistry:
         """Unload models idle longer than their keep-alive; returns their names."""
         now = time.monotonic()
         idle = [n for n, lm in self.loaded.items()
-                if lm.in_use == 0 and now - lm.last_used >= lm.model.entry.keep_alive_s]
+                if lm.in_use == 0 and now - lm.last_used >= lm.keep_alive()]
         for name in idle:
             lm = self.loaded.get(name)
             if lm is not None and lm.in_use == 0:

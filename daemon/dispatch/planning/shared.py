@@ -79,8 +79,11 @@ class PlanExchange:
         self.emit = emit
         self.tolerance = tolerance
         self.wait_s = wait_s
-        # set by the transport once it subscribed and the retained plans had time to arrive
+        # set by the transport once it subscribed and the retained plans had time to arrive;
+        # a plan waits for that only while a subscription is under way (``subscribing``), not
+        # while the broker is away: then it plans itself at once
         self.ready = threading.Event()
+        self.subscribing = False
         self._lock = threading.Lock()
         # (fingerprint, sha256, signature level) -> (the topic it came on, the plan)
         self._docs: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
@@ -122,7 +125,8 @@ class PlanExchange:
              layers: Sequence[str], targets: Sequence[str]) -> dict[str, Any] | None:
         """A published plan for this model and signature that fits this board, or None."""
         fp = self.fingerprint_of(parts)
-        self.ready.wait(self.wait_s)
+        if self.subscribing:
+            self.ready.wait(self.wait_s)
         key = (fp, model_sha, signature_segment(signature))
         with self._lock:
             topic, doc = self._docs.get(key, ("", None))

@@ -1,0 +1,66 @@
+"""Grammar-constrained generation: llama.cpp grammars (GBNF) built from JSON schemas.
+
+A schema is checked twice before llama.cpp sees it: as JSON Schema (``jsonschema``'s
+meta-schema check) and by llama-cpp-python's converter to GBNF, both in the caller's process.
+llama.cpp parses a grammar in native code where a malformed one can take the process down, so
+only grammars that came out of the converter are ever passed on. The result is a
+``LlamaGrammar`` (plain text inside: it crosses to a worker process like any parameter).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+
+from edgepilot.backends.llamacpp.runtime import import_llama_cpp
+from edgepilot.errors import CommandError
+
+# any JSON object: what "json_object" / Ollama's format "json" asks for (an object, as both
+# OpenAI and Ollama document; llama.cpp's own JSON grammar would also allow bare values)
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+MAX_SCHEMA_BYTES = 64 * 1024
+
+
+def check_schema(schema: Any, field: str) -> dict[str, Any]:
+    """``schema`` if it is a JSON Schema object llama.cpp can be constrained by; else a
+    CommandError naming ``field``."""
+    if not isinstance(schema, dict):
+        raise CommandError(f"{field} must be a JSON Schema object, got "
+                           f"{type(schema).__name__}", field=field)
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise CommandError(f"{field} is {len(text)} bytes; allowed at most {MAX_SCHEMA_BYTES}",
+                           field=field)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise CommandError(f"{field} is not a valid JSON Schema: {exc.message}"
+                           + (f" (at {where})" if where else ""), field=field) from None
+    return schema
+
+
+def schema_gbnf(schema: dict[str, Any], field: str) -> str:
+    """The GBNF grammar of ``schema`` (checked first); CommandError naming ``field`` when the
+    converter cannot express it (remote $ref, unsupported keyword combinations)."""
+    check_schema(schema, field)
+    llama_cpp = import_llama_cpp()
+    try:
+        return str(llama_cpp.llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
+    except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError,
+            RecursionError, AssertionError) as exc:
+        raise CommandError(f"{field}: llama.cpp cannot constrain generation to this schema "
+                           f"({type(exc).__name__}: {exc})", field=field) from None
+
+
+def grammar_of(gbnf: str) -> Any:
+    """A ``LlamaGrammar`` for a grammar text from :func:`schema_gbnf`."""
+    return import_llama_cpp().LlamaGrammar.from_string(gbnf, verbose=False)
+
+
+def schema_grammar(schema: dict[str, Any] | None, field: str) -> Any:
+    """A ``LlamaGrammar`` that makes llama.cpp write JSON valid against ``schema`` (None: any
+    JSON object)."""
+    return grammar_of(schema_gbnf(ANY_OBJECT if schema is None else schema, field))

@@ -1,0 +1,1 @@
+"""`edgepilot fleet`: the fleet seen from the broker alone (list, command, top, rollout)."""

@@ -1,0 +1,300 @@
+"""Ollama's API on the daemon's port: ``/api/chat``, ``/api/generate``, ``/api/embed``,
+``/api/embeddings``, ``/api/tags``, ``/api/show``, ``/api/ps``, ``/api/version``.
+
+Clients that speak Ollama (home-automation conversation agents, chat UIs, RAG tools) are given
+``http://HOST:PORT`` as their Ollama URL. Requests go through the same serving owner as the
+OpenAI routes (:mod:`edgepilot.serving.generate`: the device's line, energy, cancellation); the
+answers are Ollama's shapes, streamed as NDJSON unless ``"stream": false``. ``keep_alive``
+follows Ollama (a duration, ``0`` unloads once the request is done, a negative value keeps the
+model loaded); an empty prompt or message list only loads (or, with ``keep_alive: 0``, unloads)
+the model. Models are files in the model dir: ``/api/pull``, ``/api/push``, ``/api/create``,
+``/api/copy`` and ``/api/delete`` answer 501 saying so. Errors are the daemon's one shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from edgepilot import __version__
+from edgepilot.backends.base import GenerativeExecutable
+from edgepilot.backends.llamacpp.grammar import schema_grammar
+from edgepilot.errors import CommandError, NotFoundError
+from edgepilot.http.api import api_of
+from edgepilot.http.ollama_models import chat_template_of, model_details, show_info, tag_of
+from edgepilot.http.ollama_request import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    Message,
+    ShowBody,
+    keep_alive_seconds,
+    parse,
+    sampler_params,
+)
+from edgepilot.http.ollama_run import (
+    apply_keep_alive,
+    iso_of,
+    load_timed,
+    ndjson,
+    now_iso,
+    parts,
+    start,
+)
+from edgepilot.serving.generate import Generator
+from edgepilot.serving.tools import tool_request
+
+router = APIRouter()
+
+
+class ModelsAreFiles(CommandError):
+    """Ollama's model management: models here are files an operator puts in the model dir."""
+
+    code = "not_supported"
+    http_status = 501
+
+
+# each body is read as a JSON object here and validated by ollama_request (400 naming the
+# field, as Ollama answers); OpenAPI documents it as an object
+Payload = Annotated[dict[str, Any], Body(description="Ollama's request object for this route.")]
+
+
+def _generator(request: Request) -> Generator:
+    return api_of(request).need_generator()
+
+
+def model_name(gen: Generator, name: str) -> str:
+    """The model ``name`` names: Ollama clients add the tag ``:latest`` to bare names."""
+    entries = gen.registry.catalog.entries()
+    if name not in entries and name.endswith(":latest") and name[:-7] in entries:
+        return name[:-7]
+    return name
+
+
+def format_params(fmt: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Ollama's ``format``: ``"json"`` (any JSON object) or a JSON schema, as a grammar."""
+    if fmt is None or fmt == "":
+        return {}
+    if fmt == "json":
+        return {"grammar": schema_grammar(None, "format")}
+    if isinstance(fmt, dict):
+        return {"grammar": schema_grammar(fmt, "format")}
+    raise CommandError(f"format {fmt!r} is not allowed; allowed \"json\" or a JSON schema "
+                       "object", field="format")
+
+
+def _no_think(think: bool | str | None) -> None:
+    if think not in (None, False, ""):
+        raise CommandError("think: this daemon's models have no separate thinking output; "
+                           "send think false or leave it out", field="think")
+
+
+def _llama_message(m: Message, i: int) -> dict[str, Any]:
+    if m.images:
+        raise CommandError("images are not supported (the served models read text only)",
+                           field=f"messages.{i}.images")
+    out: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": f"call_{i}_{k}", "type": "function",
+             "function": {"name": c.function.name,
+                          "arguments": c.function.arguments if isinstance(
+                              c.function.arguments, str) else json.dumps(c.function.arguments)}}
+            for k, c in enumerate(m.tool_calls)]
+    if m.role == "tool" and m.tool_name:
+        out["name"] = m.tool_name
+    return out
+
+
+async def _load_only(gen: Generator, name: str, keep: float | None, started: int,
+                     key: str) -> JSONResponse:
+    """An empty request: load the model (or unload it with keep_alive 0), Ollama's way of
+    preloading from a client."""
+    gen.registry.catalog.resolve(name)
+    if keep == 0:
+        await gen.registry.unload(name, reason="keep_alive")
+        reason = "unload"
+        load_ns = 0
+    else:
+        load_ns = await load_timed(gen, name)
+        apply_keep_alive(gen, name, keep)
+        reason = "load"
+    body: Any = {"role": "assistant", "content": ""} if key == "message" else ""
+    return JSONResponse({"model": name, "created_at": now_iso(), key: body, "done": True,
+                         "done_reason": reason, "load_duration": load_ns,
+                         "total_duration": time.perf_counter_ns() - started})
+
+
+async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stream: bool
+                  ) -> Any:
+    run = await start(gen, *run_args)
+    answers = parts(run, gen, chat=chat, stream=stream)
+    if stream:
+        return StreamingResponse(ndjson(answers), media_type="application/x-ndjson")
+    last: dict[str, Any] = {}
+    async for last in answers:
+        if "error" in last:
+            return JSONResponse(last, status_code=500)
+    return JSONResponse(last)
+
+
+@router.post("/api/chat", summary="Ollama chat (NDJSON stream unless stream is false)")
+async def chat(payload: Payload, request: Request) -> Any:
+    started = time.perf_counter_ns()
+    body = parse(ChatBody, payload)
+    gen = _generator(request)
+    name = model_name(gen, body.model)
+    keep = keep_alive_seconds(body.keep_alive)
+    params = sampler_params(body.options)
+    params.update(format_params(body.format))
+    _no_think(body.think)
+    if not body.messages:
+        return await _load_only(gen, name, keep, started, "message")
+    messages = [_llama_message(m, i) for i, m in enumerate(body.messages)]
+    tools = None
+    if body.tools:
+        declared = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
+                    for t in body.tools]
+        template = await asyncio.get_running_loop().run_in_executor(
+            gen.executor, chat_template_of, gen, name)
+        # Ollama has no tool_choice: the model calls a tool or answers in text
+        tools = tool_request(messages, declared, "auto", template)
+        messages = tools.messages
+        params.update(tools.params)
+    return await _answer(gen, (name, "chat", messages, params, keep, started, tools),
+                         chat=True, stream=body.stream)
+
+
+@router.post("/api/generate", summary="Ollama completion (NDJSON stream unless stream is false)")
+async def generate(payload: Payload, request: Request) -> Any:
+    started = time.perf_counter_ns()
+    body = parse(GenerateBody, payload)
+    gen = _generator(request)
+    name = model_name(gen, body.model)
+    keep = keep_alive_seconds(body.keep_alive)
+    params = sampler_params(body.options)
+    params.update(format_params(body.format))
+    _no_think(body.think)
+    for field, value in (("suffix", body.suffix), ("template", body.template),
+                         ("context", body.context), ("images", body.images)):
+        if value:
+            raise CommandError(f"{field} is not supported by this daemon; send the prompt "
+                               "(and system) only", field=field)
+    if not body.prompt:
+        return await _load_only(gen, name, keep, started, "response")
+    if body.raw:
+        args: tuple[Any, ...] = (name, "complete", body.prompt, params, keep, started)
+    else:  # Ollama applies the model's template to prompt and system
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) \
+            + [{"role": "user", "content": body.prompt}]
+        args = (name, "chat", messages, params, keep, started)
+    return await _answer(gen, args, chat=False, stream=body.stream)
+
+
+async def _embed(request: Request, name: str, texts: list[str], keep: float | None
+                 ) -> tuple[list[list[float]], int, int]:
+    gen = _generator(request)
+    load_ns = await load_timed(gen, name)
+    lm = await gen.registry.acquire(name)
+    try:
+        exe = lm.executable
+        if not isinstance(exe, GenerativeExecutable):
+            raise CommandError(f"model {name!r} is a tensor model; it computes no embeddings "
+                               "here", field="model")
+        vectors = await asyncio.get_running_loop().run_in_executor(gen.executor, exe.embed,
+                                                                   texts)
+        counts = sum(len(exe.tokenize(t)) for t in texts) if texts else 0
+    finally:
+        gen.registry.release(lm)
+    apply_keep_alive(gen, name, keep)
+    return vectors, load_ns, counts
+
+
+@router.post("/api/embed", summary="Ollama embeddings of one or more inputs")
+async def embed(payload: Payload, request: Request) -> Any:
+    started = time.perf_counter_ns()
+    body = parse(EmbedBody, payload)
+    texts = [body.input] if isinstance(body.input, str) else list(body.input)
+    gen = _generator(request)
+    name = model_name(gen, body.model)
+    vectors, load_ns, count = await _embed(request, name, texts,
+                                           keep_alive_seconds(body.keep_alive))
+    if body.dimensions is not None:
+        vectors = [v[:body.dimensions] for v in vectors]
+    return {"model": name, "embeddings": vectors, "total_duration":
+            time.perf_counter_ns() - started, "load_duration": load_ns,
+            "prompt_eval_count": count}
+
+
+@router.post("/api/embeddings", summary="Ollama's older single-text embeddings")
+async def embeddings(payload: Payload, request: Request) -> Any:
+    body = parse(EmbeddingsBody, payload)
+    gen = _generator(request)
+    name = model_name(gen, body.model)
+    vectors, _, _ = await _embed(request, name, [body.prompt],
+                                 keep_alive_seconds(body.keep_alive))
+    return {"embedding": vectors[0]}
+
+
+@router.get("/api/tags", summary="Ollama's model list (the GGUF models of the model dir)")
+async def tags(request: Request) -> Any:
+    gen = _generator(request)
+    loop = asyncio.get_running_loop()
+    models = await loop.run_in_executor(gen.executor, lambda: [
+        tag_of(gen, item) for item in gen.registry.listing() if item.get("kind") == "gguf"])
+    return {"models": models}
+
+
+@router.get("/api/ps", summary="Ollama's list of loaded models and when they unload")
+async def ps(request: Request) -> Any:
+    gen = _generator(request)
+    out = []
+    for name, lm in sorted(gen.registry.loaded.items()):
+        if lm.model.kind != "gguf":
+            continue
+        exe = lm.executable
+        out.append({"name": name, "model": name, "size": lm.memory_bytes, "size_vram": 0,
+                    "digest": lm.model.entry.sha256 or "",
+                    "details": model_details(lm.model.path, lm.model.kind),
+                    "expires_at": iso_of(lm.expires_at()),
+                    "context_length": exe.n_ctx if isinstance(exe, GenerativeExecutable)
+                    else None})
+    return {"models": out}
+
+
+@router.post("/api/show", summary="Ollama's model details (template, architecture, context)")
+async def show(payload: Payload, request: Request) -> Any:
+    body = parse(ShowBody, payload)
+    gen = _generator(request)
+    given = body.model or body.name
+    if not given:
+        raise CommandError("field 'model' is required", field="model")
+    name = model_name(gen, given)
+    model = gen.registry.catalog.resolve(name)
+    if model.kind != "gguf":
+        raise NotFoundError(f"model {name!r} is a {model.kind} tensor model, not a language "
+                            "model", field="model")
+    return await asyncio.get_running_loop().run_in_executor(gen.executor, show_info, gen, model)
+
+
+@router.get("/api/version", summary="Version of this daemon")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+@router.post("/api/pull", include_in_schema=False)
+@router.post("/api/push", include_in_schema=False)
+@router.post("/api/create", include_in_schema=False)
+@router.post("/api/copy", include_in_schema=False)
+@router.delete("/api/delete", include_in_schema=False)
+async def manage(request: Request) -> Any:
+    raise ModelsAreFiles(
+        f"{request.url.path}: models are files in this daemon's model dir (no downloads on a "
+        "board): copy a .gguf there (or add a [[models]] entry) and it is listed by /api/tags",
+        field="path")

@@ -1,0 +1,85 @@
+"""What Ollama's ``/api/tags`` and ``/api/show`` say about a GGUF model, from its header.
+
+``digest`` is the ``[[models]] sha256`` when the entry pins one, else empty (hashing a
+multi-hundred-megabyte file for a listing would stall a board); ``size`` is the file's size.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from edgepilot.errors import ModelError
+from edgepilot.formats import files
+from edgepilot.formats.gguf_info import read_gguf_info
+from edgepilot.serving.generate import Generator
+
+
+def model_details(path: Path, kind: str) -> dict[str, Any]:
+    """Ollama's ``details``: format, architecture (family), weight type (quantization)."""
+    details: dict[str, Any] = {"parent_model": "", "format": kind, "family": "",
+                               "families": None, "parameter_size": "",
+                               "quantization_level": ""}
+    if kind == "gguf":
+        try:
+            info = read_gguf_info(path)
+        except ModelError:
+            return details
+        details.update(family=info.arch, families=[info.arch],
+                       quantization_level=info.weight_type.upper())
+    return details
+
+
+def _modified(path: Path) -> str:
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        mtime = 0.0
+    return datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z")
+
+
+def tag_of(gen: Generator, item: dict[str, Any]) -> dict[str, Any]:
+    """Blocking (reads headers): one model of ``/api/tags`` from a registry listing item."""
+    name = item["name"]
+    entry = gen.registry.catalog.entries()[name]
+    path = Path(item["file"])
+    try:
+        path = gen.registry.catalog.resolve(name).path
+        size = path.stat().st_size
+    except (ModelError, OSError):
+        size = 0
+    return {"name": name, "model": name, "modified_at": _modified(path), "size": size,
+            "digest": entry.sha256 or "", "details": model_details(path, "gguf")}
+
+
+def chat_template_of(gen: Generator, name: str) -> str | None:
+    """Blocking: the chat template the served model renders with (its GGUF's)."""
+    model = gen.registry.catalog.resolve(name)
+    return read_gguf_info(model.path).chat_template if model.kind == "gguf" else None
+
+
+def show_info(gen: Generator, model: files.ResolvedModel) -> dict[str, Any]:
+    """Blocking: ``/api/show``'s answer for a GGUF model."""
+    info = read_gguf_info(model.path)
+    lm = gen.registry.loaded.get(model.name)
+    n_ctx = model.entry.n_ctx or gen.registry.config.backends.llamacpp.n_ctx
+    model_info: dict[str, Any] = {
+        "general.architecture": info.arch,
+        f"{info.arch}.block_count": info.n_layers,
+        f"{info.arch}.embedding_length": info.n_embd,
+        f"{info.arch}.attention.head_count": info.n_heads,
+        f"{info.arch}.attention.head_count_kv": info.n_kv_heads,
+        f"{info.arch}.context_length": info.n_ctx_train,
+    }
+    capabilities = ["completion", "tools"]
+    return {
+        "modelfile": f"# served by edgepilot from {model.path.name}\nFROM {model.path}\n",
+        "parameters": f"num_ctx {n_ctx}",
+        "template": info.chat_template or "",
+        "details": model_details(model.path, model.kind),
+        "model_info": model_info,
+        "capabilities": capabilities,
+        "modified_at": _modified(model.path),
+        "loaded": lm is not None,
+    }

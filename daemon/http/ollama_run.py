@@ -1,0 +1,203 @@
+"""One Ollama generation: from the serving layer's OpenAI-shaped chunks to Ollama's parts.
+
+Every ``/api/chat`` and ``/api/generate`` runs as a stream inside (so that the time of the
+first token is known); a ``stream: false`` request gathers the parts into one answer. The
+timing fields are measured here, in nanoseconds as Ollama reports them:
+
+- ``load_duration``: loading the model for this request (0 when it was resident);
+- ``prompt_eval_duration``: from asking for the generation (its place in the device's line
+  included) to its first token, which is when llama.cpp has read the prompt;
+- ``eval_duration``: from the first token to the last; ``total_duration``: the whole request;
+- ``prompt_eval_count`` / ``eval_count``: llama.cpp's own prompt and completion token counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from edgepilot.command_registry import error_body
+from edgepilot.serving.generate import Generator, StreamEnd
+from edgepilot.serving.tools import ToolRequest
+
+# unloads asked for by keep_alive 0, kept referenced until done
+_unloads: set[asyncio.Task[bool]] = set()
+
+
+def now_iso() -> str:
+    """Ollama's ``created_at``: RFC 3339 in UTC."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def iso_of(epoch: float | None) -> str | None:
+    return None if epoch is None else \
+        datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+def apply_keep_alive(gen: Generator, name: str, keep: float | None) -> None:
+    """After a request: the model's keep-alive from now on is the request's (None: its
+    configured one, as Ollama falls back to its default); 0 unloads it once idle."""
+    lm = gen.registry.loaded.get(name)
+    if lm is None:
+        return
+    lm.keep_alive_s = keep
+    if keep == 0:
+        task = asyncio.get_running_loop().create_task(
+            gen.registry.unload(name, reason="keep_alive"), name=f"unload-{name}")
+        _unloads.add(task)
+        task.add_done_callback(_unloads.discard)
+
+
+async def load_timed(gen: Generator, name: str) -> int:
+    """Make ``name`` resident; the nanoseconds that took (about 0 when it already was)."""
+    start = time.perf_counter_ns()
+    await gen.registry.load(name)
+    return time.perf_counter_ns() - start
+
+
+@dataclass
+class Run:
+    """One generation under way and its clock."""
+
+    name: str
+    kind: Literal["chat", "complete"]
+    items: AsyncGenerator[Any, None]
+    started: int  # the request arrived (perf_counter_ns)
+    load_ns: int
+    asked: int  # the generation was asked for
+    first: int  # its first token came
+    keep: float | None
+    usage: dict[str, int] = field(default_factory=dict)
+    finish: str = "stop"
+    tools: ToolRequest | None = None  # the answer may be a tool call: parsed when whole
+
+    def timings(self, end: int) -> dict[str, Any]:
+        return {"done_reason": self.finish,
+                "total_duration": end - self.started, "load_duration": self.load_ns,
+                "prompt_eval_count": self.usage.get("prompt_tokens", 0),
+                "prompt_eval_duration": self.first - self.asked,
+                "eval_count": self.usage.get("completion_tokens", 0),
+                "eval_duration": end - self.first}
+
+
+async def start(gen: Generator, name: str, kind: Literal["chat", "complete"], prompt: Any,
+                params: dict[str, Any], keep: float | None, started: int,
+                tools: ToolRequest | None = None) -> Run:
+    """Load ``name`` and start its generation; errors before the first token raise here (a
+    proper HTTP error, not a stream that fails)."""
+    load_ns = await load_timed(gen, name)
+    asked = time.perf_counter_ns()
+    items = await gen.generate(name, kind, prompt, params, stream=True)
+    assert not isinstance(items, dict)
+    return Run(name, kind, items, started, load_ns, asked, time.perf_counter_ns(), keep,
+               tools=tools if tools is not None and tools.active else None)
+
+
+def _tool_calls(deltas: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    calls = []
+    for _, call in sorted(deltas.items()):
+        text = call.get("arguments") or "{}"
+        try:
+            arguments = json.loads(text)
+        except json.JSONDecodeError:
+            arguments = {"_raw": text}  # never expected: the grammar writes JSON
+        calls.append({"function": {"name": call.get("name", ""), "arguments": arguments}})
+    return calls
+
+
+async def events(run: Run) -> AsyncIterator[tuple[str, Any]]:
+    """``("text", str)``, ``("tool_calls", list)``, ``("error", exc)``; the run's usage and
+    finish reason are set when they end."""
+    calls: dict[int, dict[str, Any]] = {}
+    held: list[str] = []  # an answer that may be a tool call is parsed whole
+    try:
+        async for item in run.items:
+            if isinstance(item, StreamEnd):
+                run.usage = item.usage or {}
+                break
+            if isinstance(item, BaseException):
+                yield "error", item
+                return
+            for choice in item.get("choices") or []:
+                if choice.get("finish_reason"):
+                    run.finish = "length" if choice["finish_reason"] == "length" else "stop"
+                if run.kind == "complete":
+                    text = choice.get("text")
+                else:
+                    delta = choice.get("delta") or {}
+                    text = delta.get("content")
+                    for tc in delta.get("tool_calls") or []:
+                        slot = calls.setdefault(int(tc.get("index", 0)), {})
+                        fn = tc.get("function") or {}
+                        if fn.get("name"):
+                            slot["name"] = fn["name"]
+                        slot["arguments"] = slot.get("arguments", "") + (fn.get("arguments") or "")
+                if text and run.tools is not None:
+                    held.append(text)
+                elif text:
+                    yield "text", text
+        if run.tools is not None:
+            whole = "".join(held)
+            parsed = run.tools.parse(whole)
+            if parsed is None:
+                yield "text", whole
+            else:
+                yield "tool_calls", [{"function": {
+                    "name": c["function"]["name"],
+                    "arguments": json.loads(c["function"]["arguments"])}} for c in parsed]
+        if calls:
+            yield "tool_calls", _tool_calls(calls)
+    finally:
+        await run.items.aclose()
+
+
+async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
+                ) -> AsyncIterator[dict[str, Any]]:
+    """Ollama's response objects: one per text piece when streaming, then the last (done)
+    one with the timings; not streaming, only the last with the whole text. An error after the
+    first token is a part ``{"error": ...}`` (Ollama's clients raise it)."""
+    key = "message" if chat else "response"
+
+    def body(text: str, calls: list[dict[str, Any]] | None = None) -> Any:
+        if not chat:
+            return text
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    try:
+        async for kind, value in events(run):
+            if kind == "error":
+                yield {"error": error_body(value)}
+                return
+            if kind == "tool_calls":
+                calls = value
+            elif stream:
+                yield {"model": run.name, "created_at": now_iso(), key: body(value),
+                       "done": False}
+            else:
+                texts.append(value)
+    finally:
+        apply_keep_alive(gen, run.name, run.keep)
+    end = time.perf_counter_ns()
+    last: dict[str, Any] = {"model": run.name, "created_at": now_iso(),
+                            key: body("".join(texts), calls), "done": True,
+                            **run.timings(end)}
+    if calls and stream:
+        yield {"model": run.name, "created_at": now_iso(), key: body("", calls), "done": False}
+        last[key] = body("")
+    yield last
+
+
+async def ndjson(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Newline-delimited JSON, one object a line (Ollama's streaming format)."""
+    async for item in items:
+        yield (json.dumps(item) + "\n").encode()

@@ -1,0 +1,141 @@
+"""Tool calls for GGUF chat: the tools a request declares, the prompt and grammar that make the
+model call them, and the parse of its answer into ``tool_calls``.
+
+Generation is constrained by a grammar built from the tools' JSON schemas: a call the model
+writes is always ``{"name": <a declared tool>, "arguments": <valid for that tool>}``.
+``tool_choice`` ``"required"`` (or one named function) allows only a call; ``"auto"`` (and
+every Ollama request with tools) allows a call or a plain-text answer that does not start with
+``{``; ``"none"`` leaves the tools out.
+
+The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
+through its template, and the conversation's tool calls and tool results as they are. Any other
+model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, added to the
+system message; its earlier calls are written back as that JSON and tool results become user
+messages ``Result of <tool>: ...``, which every template can render.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgepilot.backends.llamacpp.grammar import grammar_of, schema_gbnf
+from edgepilot.errors import CommandError
+
+GENERIC_PROMPT = (
+    "You can call these tools (JSON Schema of each one's arguments):\n{tools}\n"
+    "To call a tool, answer with only one JSON object: "
+    "{{\"name\": <tool name>, \"arguments\": {{<arguments>}}}}.{otherwise}")
+_OTHERWISE = " If no tool fits, answer the user in plain text instead."
+
+
+def template_renders_tools(template: str | None) -> bool:
+    """Whether a chat template uses the ``tools`` it is given."""
+    return bool(template) and "tools" in str(template)
+
+
+@dataclass
+class ToolRequest:
+    """A chat request's tools, ready for llama.cpp: messages, grammar, and the answer's parse."""
+
+    names: list[str]
+    messages: list[dict[str, Any]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.names)
+
+    def parse(self, text: str) -> list[dict[str, Any]] | None:
+        """The calls in a generated answer (OpenAI's shape, ``arguments`` a JSON string), or
+        None for a plain-text answer."""
+        if not self.active or not text.lstrip().startswith("{"):
+            return None
+        try:
+            call = json.loads(text)
+        except json.JSONDecodeError:
+            return None  # cut off by max_tokens: the text is returned as it is
+        if not isinstance(call, dict) or call.get("name") not in self.names:
+            return None
+        return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                 "function": {"name": call["name"],
+                              "arguments": json.dumps(call.get("arguments") or {})}}]
+
+
+def _schema(tool: dict[str, Any], i: int, field: str) -> tuple[str, dict[str, Any]]:
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise CommandError("each tool needs function.name", field=f"{field}.{i}.function.name")
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    if not isinstance(params, dict):
+        raise CommandError("function.parameters must be a JSON Schema object",
+                           field=f"{field}.{i}.function.parameters")
+    return fn["name"], params
+
+
+def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: bool
+                      ) -> list[dict[str, Any]]:
+    text = GENERIC_PROMPT.format(tools=tools_json, otherwise=_OTHERWISE if auto else "")
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "tool":
+            name = m.get("name") or "the tool"
+            out.append({"role": "user", "content": f"Result of {name}: {m.get('content', '')}"})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [json.dumps({"name": c["function"]["name"],
+                                 "arguments": json.loads(c["function"]["arguments"] or "{}")})
+                     for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n".join(calls)})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    if out and out[0]["role"] == "system":
+        out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}"}
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                 tool_choice: str | dict[str, Any] | None, template: str | None,
+                 field: str = "tools") -> ToolRequest:
+    """Messages and grammar for a chat with ``tools`` (OpenAI's shapes); CommandError naming
+    the field for a malformed tool, a bad schema or a ``tool_choice`` naming no tool."""
+    if not tools or tool_choice == "none":
+        return ToolRequest([], messages)
+    declared = [_schema(t, i, field) for i, t in enumerate(tools)]
+    names = [n for n, _ in declared]
+    if len(set(names)) != len(names):
+        raise CommandError("tool names must be unique", field=field)
+    for i, (_, schema) in enumerate(declared):
+        schema_gbnf(schema, f"{field}.{i}.function.parameters")  # each checked on its own
+    auto = tool_choice in (None, "auto")
+    if isinstance(tool_choice, dict):
+        wanted = (tool_choice.get("function") or {}).get("name")
+        if wanted not in names:
+            raise CommandError(f"tool_choice names {wanted!r}, which is not among the tools; "
+                               f"allowed: {', '.join(names)}", field="tool_choice.function.name")
+        declared = [(n, s) for n, s in declared if n == wanted]
+    elif tool_choice not in (None, "auto", "required"):
+        raise CommandError(f"tool_choice {tool_choice!r} is not allowed; allowed \"none\", "
+                           "\"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}", field="tool_choice")
+    call = {"anyOf": [{"type": "object", "additionalProperties": False,
+                       "required": ["name", "arguments"],
+                       "properties": {"name": {"const": name}, "arguments": schema}}
+                      for name, schema in declared]}
+    gbnf = schema_gbnf(call, field)
+    if auto:  # a call, or text that does not start a JSON object
+        gbnf = gbnf.replace("root ::=", "call ::=", 1) \
+            + '\nroot ::= call | text\ntext ::= [^{ \\t\\n] [^\\x00]*\n'
+    if template_renders_tools(template):
+        out = [dict(m) for m in messages]
+        params: dict[str, Any] = {"tools": tools}
+    else:
+        about = {t["function"]["name"]: t["function"].get("description") for t in tools}
+        listing = json.dumps([{"name": n, "description": about.get(n) or "", "parameters": s}
+                              for n, s in declared])
+        out, params = _generic_messages(messages, listing, auto), {}
+    params["grammar"] = grammar_of(gbnf)
+    return ToolRequest([n for n, _ in declared], out, params)
