@@ -1,7 +1,8 @@
 """`edgepilot fleet` against three daemons (subprocesses on fake Orin trees) and one mosquitto,
 run as an operator would: the CLI as a process that reaches only the broker.
 
-- `fleet ls --json`: every device from its retained status;
+- `fleet ls --json`: every device from its retained status; `fleet top --once --json`: their
+  telemetry, with totals per board kind;
 - `fleet rollout profile powersave --canary 1`: the canary's tj zone is driven over its trip
   point once the profile is on it; the rollout stops after the canary, rolls it back (its tree
   byte-identical to before, but for the temperature the test wrote) and leaves the others alone;
@@ -35,7 +36,7 @@ def config(brk: Broker, device: str) -> str:
 demo_models = false
 [telemetry]
 sample_interval_s = 0.2
-publish_interval_s = 3600
+publish_interval_s = 0.5
 [mqtt]
 host = "{brk.host}"
 port = {brk.port}
@@ -95,6 +96,14 @@ def test_fleet_ls_rollout_and_run(broker: Broker,  # noqa: F811
     assert all(r["groups"] == ["lab"] and r["ready"] for r in rows), rows
     rc, text = cli(broker, "ls")
     assert rc == 0 and "DEVICE" in text and "a" in text, text
+    rc, out = cli(broker, "top", "--once", "--json", "--interval", "1.5")
+    assert rc == 0, out
+    top = json.loads(out)
+    assert [r["device_id"] for r in top["devices"]] == list(DEVICES)
+    assert all(r["power_w"] and r["temp_c"] for r in top["devices"]), top
+    assert [(k["devices"], k["online"]) for k in top["kinds"]] == [(3, 3)], top
+    assert top["kinds"][0]["power_w"] == pytest.approx(sum(r["power_w"]
+                                                           for r in top["devices"]))
 
     before = {dev: fake.files() for dev, (_, fake) in fleet.items()}
     rec = Recorder(broker, ["edgepilot/+/events"])

@@ -42,6 +42,14 @@ def add_parser(sub: Any) -> None:
                      help="seconds to wait for replies (default 5)")
     run.add_argument("--json", action="store_true")
     run.set_defaults(func=cmd_run)
+    top = fsub.add_parser("top", help="the live fleet table from telemetry, totals per kind")
+    top.add_argument("--interval", type=float, default=2.0,
+                     help="seconds between redraws; with --once, how long telemetry is "
+                          "gathered first (make it longer than [telemetry] "
+                          "publish_interval_s; default 2)")
+    top.add_argument("--once", action="store_true", help="print one table and exit")
+    top.add_argument("--json", action="store_true", help="with --once: as JSON")
+    top.set_defaults(func=cmd_top)
     ro = fsub.add_parser("rollout", help="a DVFS profile to a group: canaries first, then "
                                          "batches, each watched; rolled back when unhealthy")
     ro.add_argument("what", choices=["profile"], help="what is rolled out")
@@ -145,3 +153,34 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     else:
         print(f"stopped at {result.stopped}; rolled back: {', '.join(result.rolled_back)}")
     return 0 if result.ok else EXIT_ERRORS
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    import time
+
+    from edgepilot.fleet.client import FleetClient
+    from edgepilot.fleet.top import device_load, render_top, totals
+
+    if not 0.1 <= args.interval <= 3600:
+        raise CommandError(f"--interval {args.interval}: allowed 0.1..3600 seconds",
+                           field="interval")
+    if args.json and not args.once:
+        raise CommandError("--json needs --once (the live view is for a terminal)",
+                           field="json")
+    with FleetClient(broker_config(args)) as fleet:
+        fleet.subscribe(f"{fleet.prefix}/+/telemetry")
+        while True:
+            time.sleep(args.interval)
+            with fleet.lock:
+                rows = [device_load(d, fleet.telemetry.get(name))
+                        for name, d in sorted(fleet.devices.items())]
+            kinds = totals(rows)
+            if args.json:
+                print(json.dumps({"devices": rows, "kinds": kinds}, indent=2))
+            else:
+                # like top: the screen redrawn in place (plain text with --once)
+                sys.stdout.write(("" if args.once else "\x1b[H\x1b[2J")
+                                 + render_top(rows, kinds))
+                sys.stdout.flush()
+            if args.once:
+                return 0

@@ -136,6 +136,16 @@ class FleetClient:
                 return
             time.sleep(quiet_s / 3)
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while reading ``devices``, ``events`` or ``telemetry`` (paho's thread fills
+        them)."""
+        return self._lock
+
+    def subscribe(self, topic: str) -> None:
+        """Also follow ``topic`` (telemetry, events: kept in ``telemetry``, ``events``)."""
+        self.client.subscribe(topic, qos=0)
+
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
