@@ -42,7 +42,12 @@ def load(path: Path) -> Any:
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelError(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)",
                          field="file")
-    model = schema().ModelT.InitFromPackedBuf(data, 0)
+    try:
+        model = schema().ModelT.InitFromPackedBuf(data, 0)
+    except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
+        raise ModelError(f"{path.name} is not a readable TFLite model (truncated or damaged: "
+                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
+                         field="file") from None
     with _cache_lock:
         _cache.clear()  # one model at a time is enough; these are re-read rarely
         _cache[key] = model
@@ -90,6 +95,10 @@ def layers(path: Path) -> list[Layer]:
     for i, op in enumerate(sg.operators or []):
         code = model.operatorCodes[op.opcodeIndex]
         opname = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+        if opname == "CUSTOM" and code.customCode:
+            # a custom op by its own name: what an error about it must say
+            raw = code.customCode
+            opname = raw.decode() if isinstance(raw, bytes) else str(raw)
         ins = tuple(_name(sg.tensors[t]) for t in _ints(op.inputs) if t >= 0
                     and not _is_const(model, sg.tensors[t]))
         outs = tuple(_name(sg.tensors[t]) for t in _ints(op.outputs))
