@@ -129,6 +129,10 @@ class Sampling(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     n: Literal[1] = Field(1, description="Only one choice per request is generated.")
     user: str | None = Field(None, max_length=256)
+    adapter: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="A LoRA adapter of the model (its [[models]] adapters); the model name "
+                    "'<model>:<adapter>' picks one too.")
 
     def llama_params(self) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -142,6 +146,8 @@ class Sampling(_Strict):
             params["max_tokens"] = self.max_tokens
         if self.seed is not None:
             params["seed"] = self.seed
+        if self.adapter is not None:
+            params["adapter"] = self.adapter
         return params
 
 
