@@ -26,7 +26,7 @@ from edgepilot.backends.base import GenerativeExecutable
 from edgepilot.backends.llamacpp.grammar import schema_grammar
 from edgepilot.errors import CommandError, NotFoundError
 from edgepilot.http.api import api_of
-from edgepilot.http.ollama_models import chat_template_of, model_details, show_info, tag_of
+from edgepilot.http.ollama_models import model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
     ChatBody,
     EmbedBody,
@@ -48,7 +48,7 @@ from edgepilot.http.ollama_run import (
     start,
 )
 from edgepilot.serving.generate import Generator
-from edgepilot.serving.tools import tool_request
+from edgepilot.serving.tools import chat_template_of, tool_request
 
 router = APIRouter()
 
@@ -162,7 +162,7 @@ async def chat(payload: Payload, request: Request) -> Any:
         declared = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
                     for t in body.tools]
         template = await asyncio.get_running_loop().run_in_executor(
-            gen.executor, chat_template_of, gen, name)
+            gen.executor, chat_template_of, gen.registry, name)
         # Ollama has no tool_choice: the model calls a tool or answers in text
         tools = tool_request(messages, declared, "auto", template)
         messages = tools.messages

@@ -53,12 +53,6 @@ def tag_of(gen: Generator, item: dict[str, Any]) -> dict[str, Any]:
             "digest": entry.sha256 or "", "details": model_details(path, "gguf")}
 
 
-def chat_template_of(gen: Generator, name: str) -> str | None:
-    """Blocking: the chat template the served model renders with (its GGUF's)."""
-    model = gen.registry.catalog.resolve(name)
-    return read_gguf_info(model.path).chat_template if model.kind == "gguf" else None
-
-
 def show_info(gen: Generator, model: files.ResolvedModel) -> dict[str, Any]:
     """Blocking: ``/api/show``'s answer for a GGUF model."""
     info = read_gguf_info(model.path)

@@ -14,6 +14,7 @@ completing a ``stop`` string is), so both equal what llama-cpp-python reports.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
@@ -25,7 +26,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError
 from edgepilot.http.api import api_of
+from edgepilot.http.openai_tools import response_format_params, whole_as_chunks, with_tool_calls
 from edgepilot.serving.generate import Generator, StreamEnd
+from edgepilot.serving.tools import chat_template_of, tool_request
 
 router = APIRouter()
 
@@ -53,17 +56,60 @@ class TextPart(_Strict):
     text: Text
 
 
+class CallFunction(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str = Field(max_length=1 << 20, description="The arguments as a JSON string.")
+
+
+class ToolCall(_Strict):
+    id: str = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: CallFunction
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=128,
+                                              description="An assistant's earlier calls.")
+    tool_call_id: str | None = Field(None, max_length=256,
+                                     description="The call a tool message answers.")
 
     def as_llama(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content or ""}
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and role == "tool":
+            out["name"] = self.name
+        return out
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str | None = Field(None, max_length=1 << 16)
+    parameters: dict[str, Any] | None = Field(None, description="JSON Schema of the arguments.")
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str = Field(min_length=1, max_length=256)
+
+
+class ToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Strict):
@@ -83,6 +129,10 @@ class Sampling(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     n: Literal[1] = Field(1, description="Only one choice per request is generated.")
     user: str | None = Field(None, max_length=256)
+    adapter: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="A LoRA adapter of the model (its [[models]] adapters); the model name "
+                    "'<model>:<adapter>' picks one too.")
 
     def llama_params(self) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -96,12 +146,20 @@ class Sampling(_Strict):
             params["max_tokens"] = self.max_tokens
         if self.seed is not None:
             params["seed"] = self.seed
+        if self.adapter is not None:
+            params["adapter"] = self.adapter
         return params
 
 
 class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
     max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": '
+                          '{"name", "schema"}}: constrained by a grammar from the schema.')
+    tools: list[ToolDef] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(None, description="At most one call is made.")
 
 
 class CompletionRequest(Sampling):
@@ -128,6 +186,26 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
     if req.max_completion_tokens is not None:
         params["max_tokens"] = req.max_completion_tokens
     messages = [m.as_llama() for m in req.messages]
+    params.update(response_format_params(req.response_format))
+    if req.tools and req.tool_choice != "none":
+        gen = _generator(request)
+        template = await asyncio.get_running_loop().run_in_executor(
+            gen.executor, chat_template_of, gen.registry, req.model)
+        choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) \
+            else req.tool_choice
+        tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],
+                             choice, template)
+        params.update(tools.params)
+        result = await gen.generate(req.model, "chat", tools.messages, params)
+        assert isinstance(result, dict)
+        result["model"] = req.model
+        result = with_tool_calls(result, tools)
+        if not req.stream:
+            return JSONResponse(result)
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(whole_as_chunks(result, include),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
     return await _answer(request, req, "chat", messages, params)
 
 

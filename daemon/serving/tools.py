@@ -23,12 +23,21 @@ from typing import Any
 
 from edgepilot.backends.llamacpp.grammar import grammar_of, schema_gbnf
 from edgepilot.errors import CommandError
+from edgepilot.formats.gguf_info import read_gguf_info
+from edgepilot.serving.registry import ModelRegistry
 
 GENERIC_PROMPT = (
     "You can call these tools (JSON Schema of each one's arguments):\n{tools}\n"
     "To call a tool, answer with only one JSON object: "
     "{{\"name\": <tool name>, \"arguments\": {{<arguments>}}}}.{otherwise}")
 _OTHERWISE = " If no tool fits, answer the user in plain text instead."
+
+
+def chat_template_of(registry: ModelRegistry, name: str) -> str | None:
+    """Blocking (reads the header once, then cached): the chat template model ``name``
+    renders with (its GGUF's); None for a model without one or a tensor model."""
+    model = registry.catalog.resolve(name)
+    return read_gguf_info(model.path).chat_template if model.kind == "gguf" else None
 
 
 def template_renders_tools(template: str | None) -> bool:
@@ -75,6 +84,13 @@ def _schema(tool: dict[str, Any], i: int, field: str) -> tuple[str, dict[str, An
     return fn["name"], params
 
 
+def _arguments(text: Any) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except (json.JSONDecodeError, TypeError):
+        return text  # a client's own malformed call: written back as it sent it
+
+
 def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: bool
                       ) -> list[dict[str, Any]]:
     text = GENERIC_PROMPT.format(tools=tools_json, otherwise=_OTHERWISE if auto else "")
@@ -85,7 +101,7 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
             out.append({"role": "user", "content": f"Result of {name}: {m.get('content', '')}"})
         elif m["role"] == "assistant" and m.get("tool_calls"):
             calls = [json.dumps({"name": c["function"]["name"],
-                                 "arguments": json.loads(c["function"]["arguments"] or "{}")})
+                                 "arguments": _arguments(c["function"].get("arguments"))})
                      for c in m["tool_calls"]]
             out.append({"role": "assistant", "content": "\n".join(calls)})
         else:

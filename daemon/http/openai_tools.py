@@ -1,0 +1,76 @@
+"""OpenAI chat extras: ``response_format`` (JSON object / JSON schema) and ``tools`` answers.
+
+``response_format`` becomes a llama.cpp grammar (:mod:`edgepilot.backends.llamacpp.grammar`:
+the schema is checked before llama.cpp sees it; a bad one is a 400 naming
+``response_format.json_schema.schema``). A chat with ``tools`` is generated whole (the answer
+is parsed into ``tool_calls`` once complete, see :mod:`edgepilot.serving.tools`); a streamed one
+then sends that answer as OpenAI's chunks: the role and content or calls, the finish, the usage
+when asked for, ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from edgepilot.backends.llamacpp.grammar import schema_grammar
+from edgepilot.errors import CommandError
+from edgepilot.serving.tools import ToolRequest
+
+
+def response_format_params(fmt: dict[str, Any] | None) -> dict[str, Any]:
+    """The grammar of OpenAI's ``response_format`` (``{}`` for plain text)."""
+    if not fmt:
+        return {}
+    kind = fmt.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"grammar": schema_grammar(None, "response_format")}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise CommandError("response_format.json_schema.schema must be a JSON Schema object",
+                               field="response_format.json_schema.schema")
+        return {"grammar": schema_grammar(spec["schema"], "response_format.json_schema.schema")}
+    raise CommandError(f"response_format.type {kind!r} is not allowed; allowed \"text\", "
+                       "\"json_object\", \"json_schema\"", field="response_format.type")
+
+
+def with_tool_calls(result: dict[str, Any], tools: ToolRequest) -> dict[str, Any]:
+    """A whole chat answer whose text is a tool call, rewritten as OpenAI's ``tool_calls``."""
+    choice = result["choices"][0]
+    message = choice["message"]
+    calls = tools.parse(message.get("content") or "")
+    if calls:
+        message["content"] = None
+        message["tool_calls"] = calls
+        choice["finish_reason"] = "tool_calls"
+    return result
+
+
+def whole_as_chunks(result: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+    """A whole chat answer as OpenAI's SSE chunks."""
+    head = {"id": result.get("id"), "object": "chat.completion.chunk",
+            "created": result.get("created"), "model": result.get("model")}
+    choice = result["choices"][0]
+    message = choice["message"]
+    delta: dict[str, Any] = {"role": "assistant"}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call}
+                               for i, call in enumerate(message["tool_calls"])]
+    else:
+        delta["content"] = message.get("content") or ""
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {},
+                                    "finish_reason": choice.get("finish_reason")}]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": result.get("usage")})
+
+    async def sse() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return sse()

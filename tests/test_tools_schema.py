@@ -1,0 +1,148 @@
+"""Tool calls and structured output with the official ``openai`` and ``ollama`` clients against
+a real daemon serving SmolLM2-135M-Instruct (its template renders no tools: the generic prompt)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import ollama
+import openai
+import pytest
+from daemon_proc import DaemonProcess
+from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401
+
+
+def _tool(name: str, what: str) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": f"{what} a device or an entity",
+        "parameters": {"type": "object", "required": ["name"], "additionalProperties": False,
+                       "properties": {"name": {"type": "string", "maxLength": 40},
+                                      "area": {"type": "string", "maxLength": 40}}}}}
+
+
+# the shapes a home-automation conversation agent sends: its system prompt lists the devices
+TOOLS = [_tool("HassTurnOn", "Turns on"), _tool("HassTurnOff", "Turns off")]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MESSAGES = [
+    {"role": "system", "content": "You are a voice assistant for Home Assistant.\n"
+     "An overview of the areas and the devices in this smart home:\n"
+     "- names: Kitchen Light\n  domain: light\n  state: 'off'\n  areas: Kitchen\n"
+     "- names: Heater\n  domain: climate\n  state: 'on'\n  areas: Hall\n"},
+    {"role": "user", "content": "Turn on the kitchen light."}]
+
+
+@pytest.fixture(scope="module")
+def daemon(module_tmp: Path) -> Iterator[DaemonProcess]:  # noqa: F811
+    models = module_tmp / "models"
+    models.mkdir()
+    shutil.copy(smollm2_gguf(), models / "smol.gguf")
+    d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 2048\n"
+                                 '[[models]]\nname = "smol"\nfile = "smol.gguf"\n')
+    yield d
+    assert d.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def oa(daemon: DaemonProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+
+
+def _valid_call(name: str, arguments: dict[str, Any]) -> None:
+    assert name in SCHEMAS
+    jsonschema.validate(arguments, SCHEMAS[name])
+
+
+def test_required_tool_call_round_trip_streamed_and_not(oa: openai.OpenAI) -> None:
+    got = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                     tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
+                                     temperature=0, max_tokens=60)
+    choice = got.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    _valid_call(call.function.name, json.loads(call.function.arguments))
+    stream = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                        tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
+                                        temperature=0, max_tokens=60, stream=True,
+                                        stream_options={"include_usage": True})
+    chunks = list(stream)
+    streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in streamed] \
+        == [(call.function.name, call.function.arguments)]  # type: ignore[union-attr]
+    assert chunks[-1].usage is not None and got.usage is not None
+    assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
+    # the call and its result go back; the model answers (text or another call)
+    follow = [*MESSAGES, choice.message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": '{"success": true}'}]
+    after = oa.chat.completions.create(model="smol", messages=follow,  # type: ignore[arg-type]
+                                       tools=TOOLS, max_tokens=30)
+    assert after.choices[0].message.content or after.choices[0].message.tool_calls
+
+
+def test_a_named_tool_is_the_one_called(oa: openai.OpenAI) -> None:
+    got = oa.chat.completions.create(
+        model="smol", messages=MESSAGES, tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "HassTurnOff"}},
+        max_tokens=60, seed=3)
+    calls = got.choices[0].message.tool_calls
+    assert calls and [c.function.name for c in calls] == ["HassTurnOff"]
+    _valid_call("HassTurnOff", json.loads(calls[0].function.arguments))
+
+
+def test_bad_tools_and_choices_are_400_naming_the_field(oa: openai.OpenAI) -> None:
+    cases = [({"tool_choice": {"type": "function", "function": {"name": "HassExplode"}}},
+              "tool_choice.function.name"),
+             ({"tools": [{"type": "function", "function": {
+                 "name": "x", "parameters": {"type": "objekt"}}}]},
+              "tools.0.function.parameters"),
+             ({"response_format": {"type": "json_schema", "json_schema": {
+                 "name": "s", "schema": {"type": "object", "required": "name"}}}},
+              "response_format.json_schema.schema"),
+             ({"response_format": {"type": "yaml"}}, "response_format.type")]
+    for extra, field in cases:
+        body = {"tools": TOOLS, **extra}
+        with pytest.raises(openai.BadRequestError) as err:
+            oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                       max_tokens=5, **body)
+        assert err.value.status_code == 400
+        assert isinstance(err.value.body, dict) and err.value.body["field"] == field, extra
+
+
+SWITCH = {"type": "object", "additionalProperties": False, "required": ["device", "on"],
+          "properties": {"device": {"type": "string", "enum": ["kitchen light", "heater"]},
+                         "on": {"type": "boolean"}}}
+
+
+def test_json_schema_and_json_object_answers_validate(oa: openai.OpenAI) -> None:
+    for seed in range(5):
+        got = oa.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "Switch on the heater."}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "switch", "schema": SWITCH}},
+            seed=seed, max_tokens=40)
+        jsonschema.validate(json.loads(got.choices[0].message.content or ""), SWITCH)
+    obj = oa.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Reply with JSON: {\"ok\": true}"}],
+        response_format={"type": "json_object"}, temperature=0, max_tokens=40)
+    assert (obj.choices[0].message.content or "").startswith("{")
+
+
+def test_ollama_tools_in_a_home_assistant_request(daemon: DaemonProcess) -> None:
+    client = ollama.Client(host=daemon.url)
+    got = client.chat(model="smol", messages=MESSAGES, tools=TOOLS, keep_alive=-1,
+                      options={"num_ctx": 8192, "temperature": 0, "num_predict": 60})
+    assert got.done
+    # Ollama has no tool_choice: the model may call a tool (then the call is valid) or answer
+    for call in got.message.tool_calls or []:
+        _valid_call(call.function.name, dict(call.function.arguments))
+    follow = [*MESSAGES, {"role": "assistant", "tool_calls": [
+                  {"function": {"name": "HassTurnOn", "arguments": {"name": "Kitchen Light"}}}]},
+              {"role": "tool", "tool_name": "HassTurnOn", "content": '{"success": true}'}]
+    after = client.chat(model="smol", messages=follow, tools=TOOLS,
+                        options={"num_predict": 30})
+    assert after.done and (after.message.content or after.message.tool_calls)
