@@ -82,8 +82,8 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     """The best single target's plan when the split ``plan`` does not beat it side by side
     (None: keep ``plan``; its ``versus_single`` records the timing either way)."""
     target = builder.best_whole()
-    if len(plan.segments) < 2 or target is None or builder.forced:
-        return None  # forced layers: the assignment was pinned (accuracy repair, an operator)
+    if len(plan.segments) < 2 or target is None or margin < 0:
+        return None  # a negative margin keeps any split (tests pinning one)
     t, n = Target.parse(target), len(part.layers)
     whole = part.segment(0, n)
     try:
