@@ -85,6 +85,9 @@ lint: install
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
 	scripts/typecheck.sh $(VENV)
 	scripts/lint-imports.sh $(VENV)
+	# the container files (tests/test_deploy.py runs these in make test too)
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/k8s/*.yaml
 
 bench: install
 	$(PY) bench/run_bench.py
