@@ -19,6 +19,9 @@ hits both sides alike) and reported as medians plus the median of per-round rati
    out on both sides) and whole (completion tokens / wall time of a non-streamed request, as
    curl sees it). The daemon plans first, and the plan is asked for while the daemon is
    streaming a request, which is what biased the plan before it held the device.
+4. **Techniques** (``bench/gguf_techniques.py``): interleaved-conversation and restart time to
+   first token (prefix cache), LoRA adapter identity and switch cost, prompt-lookup speedup and
+   identity, KV cache bytes per token and decode speed by ``kv_cache_type``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf_techniques as techniques
 import llama_cpp
 
 from edgepilot.config import parse_config
@@ -337,6 +341,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("gguf_results.json"))
     ap.add_argument("--part", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
+    ap.add_argument("--techniques-threads", type=int, default=1,
+                    help="llama.cpp threads for part 4 (both sides)")
+    ap.add_argument("--turns", type=int, default=5, help="turns of each interleaved chat")
     args = ap.parse_args()
     path = (args.model or default_model()).resolve()
     if args.part == "load":
@@ -351,6 +358,9 @@ def main() -> None:
               f"daemon, plan cached {load['daemon_planned']['median'] * 1e3:7.1f} ms "
               f"(x{load['daemon_planned_over_raw']})")
         decode = bench_decode(path, work, args.rounds, args.max_tokens)
+        tech = techniques.run(path, work / "techniques", threads=args.techniques_threads,
+                              turns=args.turns, rounds=max(3, args.rounds // 3),
+                              max_tokens=args.max_tokens)
     p = decode["plan"]
     cands = ", ".join(f"{c['n_threads']} threads {c['decode_ms_per_token']:.2f} ms/token "
                       f"(spread {c['decode_spread']:.0%}, {c['rounds']} rounds)"
@@ -368,8 +378,15 @@ def main() -> None:
           f"{d['daemon_whole_tokens_per_s']['median']:.1f} tok/s | daemon/raw "
           f"x{d['whole_daemon_over_raw']} ({args.max_tokens} tokens, non-streamed, "
           "prefill included)")
-    args.out.write_text(json.dumps({"model": path.name, "load": load, "decode": decode},
-                                   indent=1) + "\n")
+    techniques.report(tech)
+    parallel = Path(__file__).with_name("gguf_parallel_results.json")
+    if parallel.exists():  # its own bench (bench/gguf_parallel_bench.py): minutes of its own
+        p4 = json.loads(parallel.read_text()).get("daemon_parallel_4", {})
+        ratio = p4.get("ratio_decode_tokens_per_s", "?")
+        print(f"parallel=4 aggregate decode, 4 concurrent / one after another: x{ratio} "
+              "(last bench/gguf_parallel_bench.py run)")
+    args.out.write_text(json.dumps({"model": path.name, "load": load, "decode": decode,
+                                    "techniques": tech}, indent=1) + "\n")
     print(f"full results: {args.out}")
 
 

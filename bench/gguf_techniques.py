@@ -45,10 +45,10 @@ from edgepilot.formats.gguf_lora import write_lora
 
 N_CTX = 4096
 DEVICES_A = "You control these devices. " + "; ".join(
-    f"lamp {i}: room {i % 9}, dimmable, {10 + i % 50} W, scene {i % 4}" for i in range(110))
+    f"lamp {i}: room {i % 9}, dimmable, {10 + i % 50} W, scene {i % 4}" for i in range(90))
 DEVICES_B = "You read these sensors. " + "; ".join(
     f"thermometer {i}: floor {i % 3}, wing {i % 5}, alarm above {20 + i % 15} C"
-    for i in range(110))
+    for i in range(90))
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -255,6 +255,31 @@ def bench_kv(path: Path, threads: int, rounds: int, max_tokens: int) -> dict[str
         out[k] = {"kv_bytes_per_token": round(per_token[k]), "decode_tokens_per_s": med(rates[k]),
                   "decode_over_f16": round(ratio, 3)}
     return out
+
+
+def report(res: dict[str, Any]) -> None:
+    """The figures of :func:`run`, one line each."""
+    it, rs, ad = res["interleaved"], res["restart"], res["adapters"]
+    for side in ("raw", "raw_ramcache", "daemon"):
+        r = it[side]
+        print(f"interleaved {side:13s} TTFT first turn {r['cold_s']:.2f} s | later turns "
+              f"{r['later_turns_s']:.3f} s (x{r['cold_over_later']} faster)")
+    print(f"interleaved ({it['prompt_tokens_first_turn']}-token system prompts, "
+          f"{it['turns_each']} turns each): daemon later turns / raw later turns "
+          f"x{it['daemon_later_over_raw_later']}")
+    print(f"restart     first turn cold {rs['cold_first_turn_s']:.2f} s | next turn after a "
+          f"daemon restart {rs['after_restart_next_turn_s']:.3f} s "
+          f"(x{rs['cold_over_after_restart']} faster, {rs['spilled_files']} spilled file(s))")
+    print(f"adapters    identical to llama-cpp-python lora_path: "
+          f"{ad['identical_to_llama_cpp_lora_path']}; base identical: "
+          f"{ad['base_identical_to_raw_base']}; switch cost {ad['switch_cost_ms']} ms TTFT")
+    for task, r in res["prompt_lookup"].items():
+        print(f"lookup      {task}: llama-cpp-python's LlamaPromptLookupDecoding "
+              f"x{r['llama_cpp_python_lookup_speedup']} (identical: {r['identical']}); "
+              "edgepilot: not shipped (see bench/README.md)")
+    for k, r in res["kv_cache"].items():
+        print(f"kv cache    {k:5s} {r['kv_bytes_per_token']} bytes/token | decode "
+              f"{r['decode_tokens_per_s']:.1f} tok/s (x{r['decode_over_f16']} of f16)")
 
 
 def run(path: Path, work: Path, *, threads: int, turns: int, rounds: int,

@@ -28,8 +28,11 @@ def test_a_stopped_worker_is_killed_as_hung_and_restarted() -> None:
                               emit=lambda kind, **f: events.append((kind, f)))
     assert isinstance(exe, LlamaWorkerExecutable)
     try:
-        # an idle worker is never hung, however long it waits
+        # an idle worker is never hung, however long it waits; the story's prompt is read
+        # here (a prompt chunk is a longer step than a token: the test's short floor is for
+        # tokens), the stream below reads one token of it and then only generates
         assert exe.chat(QUESTION, max_tokens=4, temperature=0)["usage"]["completion_tokens"] == 4
+        assert exe.chat(STORY, max_tokens=2, temperature=0)["usage"]["completion_tokens"] == 2
         first = exe.worker_pid
         assert first is not None
         stream = iter(exe.chat(STORY, max_tokens=400, temperature=0, stream=True))
