@@ -101,6 +101,8 @@ class BatchEngine:
         # instrumentation, for status and tests: the most sequences one decode held, decodes run
         self.max_batch_seqs = 0
         self.steps = 0
+        # the hang watchdog's progress: tokens decoded, and those of the decode under way
+        self.tokens_done = self.step_tokens = 0
         self._driver = threading.Thread(target=self._drive, name="llama.cpp-batch", daemon=True)
         self._driver.start()
 
@@ -253,9 +255,11 @@ class BatchEngine:
             b.seq_id[i][0] = seq.slot
             b.logits[i] = True
         b.n_tokens = len(generating)
+        self.step_tokens = len(generating)
         self.steps += 1
         self.max_batch_seqs = max(self.max_batch_seqs, len(generating))
         rc = self._llama_cpp.llama_decode(self.ctx.ctx, b)
+        self.tokens_done += len(generating)
         if rc != 0:
             self._fail(generating, rc)
             return
@@ -290,8 +294,10 @@ class BatchEngine:
             b.seq_id[i][0] = slot
             b.logits[i] = i == len(chunk) - 1
         b.n_tokens = len(chunk)
+        self.step_tokens = len(chunk)
         rc = int(self._llama_cpp.llama_decode(self.ctx.ctx, b))
         self.steps += 1
+        self.tokens_done += len(chunk)
         if rc != 0:
             raise BackendError(f"llama.cpp could not decode a prompt of {len(chunk)} tokens "
                                f"(llama_decode returned {rc})", field="model")

@@ -81,10 +81,12 @@ class LlamaExecutable(GenerativeExecutable):
         return self.info.estimate_bytes(self.n_ctx, self.kv_type)
 
     @property
-    def progress(self) -> int:
-        """llama_decode calls done so far: it grows while the model computes (the worker's
-        heartbeat carries it; a count that stops with requests in flight is a hang)."""
-        return int(getattr(self.llm, "steps", 0))
+    def progress(self) -> tuple[int, int]:
+        """(tokens decoded so far, tokens of the decode under way): the first grows while the
+        model computes (the worker's heartbeat carries both; a count that stops with requests
+        in flight is a hang, and a long prompt chunk may take longer than one token)."""
+        llm = self.llm
+        return int(getattr(llm, "tokens_done", 0)), int(getattr(llm, "step_tokens", 0))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` from an empty context; return the last position's logits."""

@@ -51,7 +51,8 @@ class LlamacppSection(BackendOptions):
     hang_timeout_s: float = Field(
         120.0, ge=0, le=86_400,
         description="A worker with requests in flight that makes no decode step for this long "
-                    "(or 50 times its slowest step seen, if longer) is hung: killed and "
+                    "(or 50 x its slowest time per token x the tokens under way, if longer) is "
+                    "hung: killed and "
                     "restarted, its requests fail naming the hang (isolation = 'process'; "
                     "0 = never).")
     isolation: Isolation = Field(

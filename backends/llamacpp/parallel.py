@@ -176,9 +176,12 @@ class LlamaBatchExecutable(LlamaExecutable):
             return self._engine
 
     @property
-    def progress(self) -> int:
+    def progress(self) -> tuple[int, int]:
         engine = self._engine
-        return super().progress + (engine.steps if engine is not None else 0)
+        done, now = super().progress
+        if engine is None:
+            return done, now
+        return done + engine.tokens_done, max(now, engine.step_tokens)
 
     def _step_guard(self) -> StepGuard | None:
         return self.step_guard

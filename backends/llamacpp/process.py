@@ -43,6 +43,7 @@ class WorkerProcess(WorkerLink):
         # slowest step seen; 0 = off
         self.hang_min_s = float(options.get("settings", {}).get("hang_timeout_s", 0.0))
         self._progress = 0
+        self._step_tokens = 1
         self._progress_at = time.monotonic()
         self.slowest_step_s = 0.0
         self._waiting_go = False
@@ -98,7 +99,7 @@ class WorkerProcess(WorkerLink):
     # ---- the reader's own messages -------------------------------------------------------------
     def _route(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "beat":
-            self._beat(int(msg[1]))
+            self._beat(int(msg[1]), int(msg[2]))
         elif msg[0] == "step":
             self._start_guard()
             self._steps.put(msg[1])
@@ -108,13 +109,14 @@ class WorkerProcess(WorkerLink):
             super()._route(msg)
 
     # ---- hang watchdog -------------------------------------------------------------------------
-    def _beat(self, steps: int) -> None:
+    def _beat(self, tokens: int, step_tokens: int) -> None:
         now = time.monotonic()
-        if steps != self._progress:
+        self._step_tokens = max(1, step_tokens)
+        if tokens != self._progress:
             if self.busy():
-                per_step = (now - self._progress_at) / max(1, steps - self._progress)
-                self.slowest_step_s = max(self.slowest_step_s, per_step)
-            self._progress, self._progress_at = steps, now
+                per_token = (now - self._progress_at) / max(1, tokens - self._progress)
+                self.slowest_step_s = max(self.slowest_step_s, per_token)
+            self._progress, self._progress_at = tokens, now
 
     def busy(self) -> bool:
         """Requests in flight that the worker itself must answer (not waiting for the
@@ -124,8 +126,9 @@ class WorkerProcess(WorkerLink):
 
     def deadline_s(self) -> float:
         """How long a busy worker may go without a decode step: HANG_FACTOR times the slowest
-        step it was seen take, at least ``hang_timeout_s`` (armed once a step was measured)."""
-        return max(self.hang_min_s, HANG_FACTOR * self.slowest_step_s)
+        time per token it was seen take, times the tokens of the decode under way (a prompt
+        chunk reads many), at least ``hang_timeout_s`` (armed once a step was measured)."""
+        return max(self.hang_min_s, HANG_FACTOR * self.slowest_step_s * self._step_tokens)
 
     def _watch(self) -> None:
         while not self.dead.wait(WATCH_S):
@@ -140,8 +143,9 @@ class WorkerProcess(WorkerLink):
             if silent > deadline and not self.closing:
                 self.hung = (f"no decode step for {silent:.1f} s with {len(self.pending)} "
                              f"request(s) in flight; deadline {deadline:.1f} s = the larger of "
-                             f"{HANG_FACTOR:.0f} x its slowest step "
-                             f"({self.slowest_step_s * 1e3:.0f} ms) and hang_timeout_s")
+                             f"{HANG_FACTOR:.0f} x its slowest time per token "
+                             f"({self.slowest_step_s * 1e3:.0f} ms) x {self._step_tokens} "
+                             "token(s) under way and hang_timeout_s")
                 log.error("llama.cpp worker %d for %s hung: %s; killing it", self.pid,
                           self.model, self.hung)
                 self.proc.kill()

@@ -131,7 +131,9 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # prompt tokens the last generation found in the KV cache (not evaluated)
                 self.prompt_cached = 0
                 self.prefix_cache: PrefixCache | None = None
-                self.steps = 0  # llama_decode calls done (the hang watchdog's progress)
+                # the hang watchdog's progress: llama_decode calls and tokens done, and the
+                # tokens of the call under way
+                self.steps = self.tokens_done = self.step_tokens = 0
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
                 tokens = list(tokens)
@@ -150,8 +152,11 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # prompt is many steps, not one silent one)
                 tokens = list(tokens)
                 for i in range(0, len(tokens), self.n_batch):
-                    super().eval(tokens[i:i + self.n_batch])
+                    chunk = tokens[i:i + self.n_batch]
+                    self.step_tokens = len(chunk)
+                    super().eval(chunk)
                     self.steps += 1
+                    self.tokens_done += len(chunk)
 
             def sample(self, *args: Any, **kwargs: Any) -> Any:
                 token = super().sample(*args, **kwargs)

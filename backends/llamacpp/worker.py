@@ -13,8 +13,8 @@ worker -> parent: ``("ready", facts)`` or ``("failed", error)``, then per reques
 ``("chunk", rid, chunk)``\\*, ``("result", rid, value, observed)`` or ``("error", rid, error)``;
 ``("step", token)`` / ``("step_done", token)`` around each decode step of a parallel model
 while the parent's step guard is on (the parent holds its device for that step);
-``("beat", steps)`` every HEARTBEAT_S: llama_decode calls done so far (the daemon's hang
-watchdog).
+``("beat", tokens, step_tokens)`` every HEARTBEAT_S: tokens llama.cpp decoded so far and
+those of the decode under way (the daemon's hang watchdog).
 
 The receive loop is :class:`~edgepilot.backends.workers.serve_loop.WorkerLoop`'s: the worker
 ends when the daemon closes the connection or dies (the kernel closes a killed daemon's end:
@@ -107,7 +107,7 @@ class Worker(WorkerLoop):
             if exe is None:
                 continue
             try:
-                self.send(("beat", exe.progress))
+                self.send(("beat", *exe.progress))
             except OSError:
                 return
 
