@@ -25,6 +25,7 @@ from edgepilot.backends.llamacpp.grammar import grammar_of, schema_gbnf
 from edgepilot.errors import CommandError
 from edgepilot.formats.gguf_info import read_gguf_info
 from edgepilot.serving.registry import ModelRegistry
+from edgepilot.serving.templates import template_of
 
 GENERIC_PROMPT = (
     "You can call these tools (JSON Schema of each one's arguments):\n{tools}\n"
@@ -37,7 +38,10 @@ def chat_template_of(registry: ModelRegistry, name: str) -> str | None:
     """Blocking (reads the header once, then cached): the chat template model ``name``
     renders with (its GGUF's); None for a model without one or a tensor model."""
     model = registry.catalog.resolve(name)
-    return read_gguf_info(model.path).chat_template if model.kind == "gguf" else None
+    if model.kind != "gguf":
+        return None
+    tpl = template_of(model, registry.config.model_dir)
+    return read_gguf_info(model.path).chat_template if tpl.text is None else tpl.text
 
 
 def template_renders_tools(template: str | None) -> bool:
