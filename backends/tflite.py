@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -72,6 +73,16 @@ def _interpreter_module() -> Any:
                 "neither ai_edge_litert nor tflite_runtime is installed; "
                 "pip install 'edgepilot[tflite]'") from None
     return interpreter
+
+
+def one_line(exc: BaseException) -> str:
+    """A runtime's error as one line: the op an interpreter could not resolve named first (its
+    message is several lines with a link), otherwise the message with whitespace collapsed."""
+    text = " ".join(str(exc).split())
+    op = re.search(r"unresolved custom op: (\S+?)\.? ", text + " ")
+    if op:
+        return f"custom op {op.group(1)} is not resolved by the TFLite interpreter"
+    return text[:300]
 
 
 def file_precision(path: Path) -> str:
@@ -140,8 +151,7 @@ class TfliteExecutable(Executable):
                                    f"{sorted(self._in)}", field=f"inputs.{missing[0]}") from None
             except ValueError as exc:
                 raise BackendError(f"input {name!r}: {exc}", field=f"inputs.{name}") from None
-            interp.invoke()
-            return {name: interp.get_tensor(index).copy() for name, index in self._fetch}
+            return self._invoke()
 
     def run_locked(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One call after a resize (the lock is held by the caller)."""
@@ -151,8 +161,17 @@ class TfliteExecutable(Executable):
                 interp.set_tensor(index, inputs[name])
             except ValueError as exc:
                 raise BackendError(f"input {name!r}: {exc}", field=f"inputs.{name}") from None
-        interp.invoke()
-        return {name: interp.get_tensor(index).copy() for name, index in self._fetch}
+        return self._invoke()
+
+    def _invoke(self) -> dict[str, np.ndarray]:
+        """Invoke and fetch; a kernel or delegate failing at run time is a BackendError (the
+        planner records it as that target's fact), never a bare RuntimeError."""
+        try:
+            self.interp.invoke()
+        except (RuntimeError, ValueError) as exc:
+            raise BackendError(f"TFLite failed to invoke on {self.target}: "
+                               f"{one_line(exc)}") from None
+        return {name: self.interp.get_tensor(index).copy() for name, index in self._fetch}
 
 
 def ops_outside_delegates(interp: Any, n_ops: int) -> list[str]:
@@ -331,5 +350,5 @@ class TfliteBackend(Backend):
                 interp.allocate_tensors()  # applies the default (XNNPACK) delegate
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"TFLite could not build {label} on {self.name}/{device}: "
-                               f"{exc}") from None
+                               f"{one_line(exc)}") from None
         return interp

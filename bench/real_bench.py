@@ -24,12 +24,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from real_models import CORPUS, RealModel
+from real_models import CORPUS, UNRUNNABLE, RealModel
 
 from edgepilot.config import Config
 from edgepilot.dispatch.bench import bench
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.model_dispatch import ModelDispatch
+from edgepilot.errors import EdgepilotError
 
 
 def split_potential(md: ModelDispatch) -> dict[str, Any]:
@@ -64,6 +65,11 @@ def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
     result["what"] = model.what
     result["signature"] = md.signature
     result["plan_s"] = round(plan_s, 1)
+    assert md.plan is not None
+    result["planning_s"] = md.plan.planning_s
+    result["reason"] = md.plan.reason
+    result["versus_single"] = md.plan.versus_single
+    result["exclusions"] = len(md.plan.exclusions)
     result["split"] = split_potential(md)
     raw = result.get("raw")
     result["plan_vs_raw_paired"] = result["paired_ratio"].get("raw") if raw else None
@@ -71,24 +77,25 @@ def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("| model | plan (segments) | plan ms | best single within tolerance | vs best "
-            "(paired) | vs raw (paired) | layers differ (free-split gain) | predicted / "
-            "measured |\n|---|---|---|---|---|---|---|---|")
+    head = ("| model | planned: segments (or why not) | plan ms | best single within tolerance "
+            "| vs best (paired) | vs raw (paired) | predicted / measured | planning s |\n"
+            "|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | not planned: {r['error']} | | | | | | |")
             continue
         segs = " → ".join(r["plan"]["targets"])
+        if r.get("reason", "").startswith("single target"):
+            segs += " (split measured slower: single target kept)"
         best = r.get("best_single") or "-"
         best_ms = r["single"][best]["median_ms"] if best in r["single"] else None
-        split = r["split"]
         lines.append(
-            f"| {r['model']} | {segs} | {r['plan']['median_ms']:.3f} | {best} "
+            f"| {r['model']} | {len(r['plan']['targets'])}: {segs} | "
+            f"{r['plan']['median_ms']:.3f} | {best} "
             f"{best_ms if best_ms is not None else '-'} ms | "
             f"{r['speedup_vs_best_single_paired']} | {r['plan_vs_raw_paired']} | "
-            f"{'yes' if split['layers_differ'] else 'no'} ({split['free_split_gain']}) | "
-            f"{r['predicted_vs_measured']} |")
+            f"{r['predicted_vs_measured']} | {r.get('planning_s')} |")
     return "\n".join(lines)
 
 
@@ -106,12 +113,14 @@ def main() -> int:
                                                "demo_models": False}})
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for model in CORPUS:
+    for model in [*CORPUS, *UNRUNNABLE]:
         if only and model.name not in only:
             continue
         print(f"== {model.name}: {model.what}", file=sys.stderr, flush=True)
         try:
             results.append(run_one(config, model, args.runs, args.budget_s, args.reprofile))
+        except EdgepilotError as exc:  # the one-line reason the CLI prints
+            results.append({"model": model.name, "error": exc.message})
         except Exception as exc:  # report every model, met or not
             results.append({"model": model.name, "error": f"{type(exc).__name__}: {exc}"})
         print(table(results[-1:]).splitlines()[-1], file=sys.stderr, flush=True)

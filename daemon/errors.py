@@ -58,6 +58,14 @@ class ModelError(EdgepilotError):
     http_status = 400
 
 
+class UnrunnableModel(ModelError):
+    """A model file that no installed runtime can run (an operator none resolves, a file it
+    refuses): the request cannot be processed as sent, whatever the daemon does."""
+
+    code = "model_unrunnable"
+    http_status = 422
+
+
 class PlanError(EdgepilotError):
     """The dispatcher could not build, check or apply a plan."""
 

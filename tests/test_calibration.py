@@ -75,8 +75,10 @@ def test_a_new_split_is_predicted_from_its_segments_timed_alone_before_its_check
     md.prepare()
     assert md.builder is not None and md.part is not None
     n = len(md.part.layers)
-    # pin a split no profile ever timed as segments: layer 0 on fp32, the rest on int8
+    # pin a split no profile ever timed as segments: layer 0 on fp32, the rest on int8 (and
+    # keep it whatever it measures side by side with one target: a negative margin)
     md.builder.forced.update({0: str(FP32), **{i: str(int8) for i in range(1, n)}})
+    md.opts.hysteresis = -1.0
     before = len(md.builder.calibration.observations)
     changed, plan = md.replan("test", force=True)
     assert changed and plan.segments == [(str(FP32), 0, 1), (str(int8), 1, n)]

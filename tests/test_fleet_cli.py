@@ -6,6 +6,8 @@ run as an operator would: the CLI as a process that reaches only the broker.
 - `fleet rollout profile powersave --canary 1`: the canary's tj zone is driven over its trip
   point once the profile is on it; the rollout stops after the canary, rolls it back (its tree
   byte-identical to before, but for the temperature the test wrote) and leaves the others alone;
+- `fleet rollout config FILE`: a bad file refused by the canary, a good one applied and put
+  back byte for byte by `config.restore`;
 - `fleet run status --group all --json` with one daemon stopped: two replies, the stopped one
   named as not answering, exit status 3.
 """
@@ -31,6 +33,7 @@ DEVICES = ("a", "b", "c")
 
 
 def config(brk: Broker, device: str) -> str:
+    groups = '["lab", "solo"]' if device == "a" else '["lab"]'
     return f"""
 [daemon]
 demo_models = false
@@ -41,7 +44,7 @@ publish_interval_s = 0.5
 host = "{brk.host}"
 port = {brk.port}
 device_id = "{device}"
-groups = ["lab"]
+groups = {groups}
 reconnect_min_s = 0.05
 reconnect_max_s = 0.5
 [dvfs]
@@ -93,7 +96,7 @@ def test_fleet_ls_rollout_and_run(broker: Broker,  # noqa: F811
         listed(broker)), timeout=60, what="three devices online")
     assert [r["device_id"] for r in rows] == list(DEVICES)
     assert len({(r["board"], r["family"]) for r in rows}) == 1 and rows[0]["board"], rows
-    assert all(r["groups"] == ["lab"] and r["ready"] for r in rows), rows
+    assert all("lab" in r["groups"] and r["ready"] for r in rows), rows
     rc, text = cli(broker, "ls")
     assert rc == 0 and "DEVICE" in text and "a" in text, text
     rc, out = cli(broker, "top", "--once", "--json", "--interval", "1.5")
@@ -133,6 +136,31 @@ def test_fleet_ls_rollout_and_run(broker: Broker,  # noqa: F811
     assert not [m for m in rec.messages if m.topic != "edgepilot/a/events"
                 and json.loads(m.payload)["type"].startswith("profile.")]
     rec.close()
+
+    # a config file: a bad one is refused by the canary (nothing written), a good one lands
+    # and config.restore puts the old file back byte for byte
+    fleet["a"][1].write(f"{TJ}/temp", before["a"][f"{TJ}/temp"].decode())  # cooled down
+    path_a = fleet["a"][0].config_path
+    assert path_a is not None
+    original = path_a.read_bytes()
+    bad = path_a.parent / "bad.toml"
+    bad.write_text('[telemetry]\nsample_interval_s = "fast"\n')
+    rc, out = cli(broker, "rollout", "config", str(bad), "--group", "lab", "--dwell", "1",
+                  "--json")
+    assert rc == 1, out
+    result = json.loads(out)
+    assert result["stopped"] == "canary" and list(result["unhealthy"]) == ["a"], result
+    assert "telemetry.sample_interval_s" in result["unhealthy"]["a"][0], result
+    assert path_a.read_bytes() == original
+    good = path_a.parent / "good.toml"
+    good.write_bytes(original.replace(b"publish_interval_s = 0.5", b"publish_interval_s = 0.7"))
+    rc, out = cli(broker, "rollout", "config", str(good), "--group", "solo", "--dwell", "1",
+                  "--json")
+    assert rc == 0 and json.loads(out)["changed"] == ["a"], out
+    assert path_a.read_bytes() == good.read_bytes()
+    rc, out = cli(broker, "run", "config.restore", "--device", "a", "--json")
+    assert rc == 0 and json.loads(out)["replies"]["a"]["result"]["restored"], out
+    assert path_a.read_bytes() == original
 
     assert fleet["c"][0].stop() == 0
     rc, out = cli(broker, "run", "status", "--group", "all", "--json", "--timeout", "3")

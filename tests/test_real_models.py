@@ -53,7 +53,19 @@ REQUESTS: dict[str, Callable[[np.random.Generator], Feed]] = {
         "serving_default_input_1:0": rng.uniform(0, 4, (1, 76, 32, 1)).astype(np.float32)},
     "micro-wakeword": lambda rng: {
         "serving_default_input_audio:0": rng.integers(-128, 128, (1, 3, 40)).astype(np.int8)},
+    # held out of the planner's development (issue 16): a custom op only XNNPACK resolves, RFFT2D
+    # with dynamic batch, a bool mask with weights in external data, a CNN+RNN with an unk__ dim
+    "selfie-segmentation": lambda rng: {
+        "input_1": rng.uniform(0, 1, (1, 256, 256, 3)).astype(np.float32)},
+    "star-trek-wake": lambda rng: {
+        "audio_preproc_input": (0.1 * rng.standard_normal((1, 44032))).astype(np.float32)},
+    "khmer-segmenter": lambda rng: {"x": rng.integers(1, 50, (1, 32)).astype(np.int64),
+                                    "mask": np.ones((1, 32), bool)},
+    "captcha-crnn": lambda rng: {"input": rng.uniform(0, 1, (1, 50, 155, 3)).astype(np.float32)},
 }
+# the models this daemon test serves (every held-out export of issue 16 is also planned and
+# checked against its raw runtime in test_corpus_plans.py, with cached plans)
+SERVED = [m for m in CORPUS if m.name in REQUESTS]
 # streaming models keep state in the interpreter: the same input fed this often saturates it,
 # so the daemon and a fresh raw interpreter agree whatever each ran before
 STREAMING = {"micro-wakeword": 16}
@@ -111,15 +123,18 @@ def corpus_daemon(tmp_path_factory: pytest.TempPathFactory
     tmp = tmp_path_factory.mktemp("corpus")
     models = tmp / "models"
     models.mkdir()
-    for m in CORPUS:
+    for m in SERVED:
         shutil.copy(m.path, models / f"{m.name}{m.suffix}")
+        # weights in external data: the file the model names, beside it
+        for data in m.path.parent.glob(f"{m.path.name}.data"):
+            shutil.copy(data, models / data.name)
     cfg = (f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{models}"\n'
            "[dispatch]\nkernel_corpus = false\nprofile_runs = 3\nwarmup_runs = 1\n"
            "profile_passes = 1\n")
     d = DaemonProcess(tmp, cfg, extra_args=["--model-dir", str(models)]).start(timeout=120)
     first: dict[str, dict[str, Any]] = {}
     try:
-        for m in CORPUS:
+        for m in SERVED:
             # every model's first request starts its background plan; all plan meanwhile
             first[m.name] = post(d, m.name, REQUESTS[m.name](np.random.default_rng(0)))
         yield d, first
@@ -138,7 +153,7 @@ def wait_for_plan(d: DaemonProcess, name: str, feed: Feed) -> dict[str, Any]:
     return body
 
 
-@pytest.mark.parametrize("name", [m.name for m in CORPUS])
+@pytest.mark.parametrize("name", [m.name for m in SERVED])
 def test_real_model_is_planned_and_served_within_tolerance_of_the_raw_runtime(
         corpus_daemon: tuple[DaemonProcess, dict[str, dict[str, Any]]], name: str) -> None:
     d, first = corpus_daemon

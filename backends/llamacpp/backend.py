@@ -14,9 +14,11 @@ import os
 from pathlib import Path
 
 from edgepilot.backends.base import Backend, Executable, Segment, Support, Target
+from edgepilot.backends.llamacpp.adapters import LoraSet
 from edgepilot.backends.llamacpp.executable import LlamaExecutable, TokenStream
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.parallel import LlamaBatchExecutable
+from edgepilot.backends.llamacpp.prefix_cache import PrefixCache, identity_of
 from edgepilot.backends.llamacpp.proxy import Emit, LlamaWorkerExecutable
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
@@ -28,6 +30,7 @@ from edgepilot.backends.llamacpp.runtime import (
     usage_of,
 )
 from edgepilot.errors import BackendError
+from edgepilot.formats.files import sha256_of
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 
 # the pieces live in runtime/executable/batch/parallel; this is the backend's public face
@@ -122,10 +125,13 @@ class LlamaCppBackend(Backend):
         return ids[kv], ids[kv]
 
     def open(self, path: Path, *, n_ctx: int | None = None, n_gpu_layers: int | None = None,
-             info: GgufInfo | None = None, parallel: int | None = None) -> LlamaExecutable:
+             info: GgufInfo | None = None, parallel: int | None = None,
+             adapters: dict[str, Path] | None = None) -> LlamaExecutable:
         """Load ``path`` with the configured options (``n_ctx``/``n_gpu_layers``/``parallel``
         override). ``parallel`` > 1: a :class:`LlamaBatchExecutable` that serves that many
-        generations at once, each with ``n_ctx / parallel`` of the context."""
+        generations at once, each with ``n_ctx / parallel`` of the context. ``adapters``:
+        LoRA adapter files by name, checked against the model and loaded once (one that does
+        not fit is refused with one warning; the model loads without it)."""
         llama_cpp = import_llama_cpp()
         s = self.settings
         info = info or read_gguf_info(path)
@@ -143,17 +149,40 @@ class LlamaCppBackend(Backend):
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {path.name}: {exc}",
                                field="file") from None
+        # one sequence: the batch engine of a parallel model keeps no prefixes across requests
+        llm.prefix_cache = self.prefix_cache_for(path) if n_seq == 1 else None
         device = "gpu" if n_gpu and self.gpu_offload() else "cpu"
         log.info("llama.cpp loaded %s (ctx %d, n_gpu_layers %d, parallel %d)", path.name, ctx,
                  n_gpu, n_seq)
         target = Target(self.name, device, info.weight_type)
         if n_seq > 1:
             return LlamaBatchExecutable(llm, info, target, s.kv_cache_type, n_gpu, n_seq)
-        return LlamaExecutable(llm, info, target, s.kv_cache_type, n_gpu)
+        exe = LlamaExecutable(llm, info, target, s.kv_cache_type, n_gpu)
+        if adapters:
+            exe.adapters = LLAMA_THREAD.call(LoraSet, llama_cpp, llm._model.model, path,
+                                             adapters)
+        return exe
+
+    def prefix_cache_for(self, path: Path) -> PrefixCache | None:
+        """The cache of earlier prompts' KV states for a model loaded from ``path`` (None:
+        ``prefix_cache_entries = 0``); spilled under ``cache_dir``/kv when asked for."""
+        s = self.settings
+        if s.prefix_cache_entries <= 0:
+            return None
+        spill_dir = identity = None
+        if s.prefix_cache_spill and self.cache_dir is not None:
+            spill_dir = self.cache_dir / "kv"
+            identity = identity_of(
+                model_sha256=sha256_of(path), llama_cpp_version=str(self.version()),
+                type_k=s.kv_cache_type, type_v=s.kv_cache_type, flash_attn=s.flash_attn)
+        return PrefixCache(max_entries=s.prefix_cache_entries, max_bytes=s.prefix_cache_bytes,
+                           min_tokens=s.prefix_cache_min_tokens, spill_dir=spill_dir,
+                           identity=identity, spill_bytes=s.prefix_cache_spill_bytes)
 
     def open_served(self, path: Path, *, model: str, n_ctx: int | None = None,
                     n_gpu_layers: int | None = None, info: GgufInfo | None = None,
-                    emit: Emit | None = None, governor: ThreadGovernor | None = None
+                    emit: Emit | None = None, governor: ThreadGovernor | None = None,
+                    adapters: dict[str, Path] | None = None
                     ) -> LlamaExecutable | LlamaWorkerExecutable:
         """Load ``path`` to serve requests, where ``[backends.llamacpp] isolation`` says:
         ``"process"`` in a worker process named after ``model`` (``emit`` hears its faults
@@ -162,9 +191,11 @@ class LlamaCppBackend(Backend):
         planner measures with :meth:`open` either way: it times llama.cpp itself, not the
         hand-over."""
         if self.isolation == "thread":
-            exe = self.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info)
+            exe = self.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info,
+                            adapters=adapters)
             exe.governor = governor
             return exe
         import_llama_cpp()  # a missing llama-cpp-python is BackendUnavailable here, not there
         return LlamaWorkerExecutable(model, path, self.settings, n_ctx=n_ctx,
-                                     n_gpu_layers=n_gpu_layers, emit=emit, governor=governor)
+                                     n_gpu_layers=n_gpu_layers, emit=emit, governor=governor,
+                                     cache_dir=self.cache_dir, adapters=adapters)

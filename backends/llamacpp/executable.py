@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
+from edgepilot.backends.llamacpp.adapters import LoraSet
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     ThreadGovernor,
@@ -20,6 +21,7 @@ from edgepilot.backends.llamacpp.runtime import (
     import_llama_cpp,
     refused_as_bad_request,
     usage_of,
+    with_cached,
 )
 from edgepilot.errors import BackendError, CommandError
 from edgepilot.formats.gguf_info import GgufInfo
@@ -32,8 +34,9 @@ class TokenStream:
     """
 
     def __init__(self, exe: LlamaExecutable, start: Callable[[], Iterator[Any]],
-                 empty_prompt: bool = False, field: str = "prompt") -> None:
+                 empty_prompt: bool = False, field: str = "prompt", adapter: str = "") -> None:
         self.field = field
+        self.adapter = adapter
         self._exe = exe
         self._start = start
         self._empty_prompt = empty_prompt
@@ -42,7 +45,7 @@ class TokenStream:
     def __iter__(self) -> Iterator[Any]:
         exe = self._exe
         with exe.lock:
-            exe.begin_request()
+            exe.begin_request(self.adapter)
             with refused_as_bad_request(self.field):
                 yield from LLAMA_THREAD.iterate(self._start)
             self.usage = usage_of(exe.llm, empty_prompt=self._empty_prompt)
@@ -67,6 +70,8 @@ class LlamaExecutable(GenerativeExecutable):
         self.n_gpu_layers = n_gpu_layers
         self.n_threads = int(llm.n_threads)
         self.governor: ThreadGovernor | None = None
+        # LoRA adapters a request may pick (``[[models]] adapters``); None: the model has none
+        self.adapters: LoraSet | None = None
         self.lock = threading.Lock()
         self.inputs = [TensorSpec("tokens", "int32", (None,))]
         self.outputs = [TensorSpec("logits", "float32", (int(llm.n_vocab()),))]
@@ -85,6 +90,8 @@ class LlamaExecutable(GenerativeExecutable):
             raise BackendError(f"'tokens' must hold 1..{self.n_ctx} ids", field="inputs.tokens")
         llama_cpp = import_llama_cpp()
         def last_logits() -> np.ndarray:
+            if self.llm.prefix_cache is not None:
+                self.llm.prefix_cache.keep(self.llm)  # the conversation this overwrites
             self.llm.reset()
             self.llm.eval(tokens)
             # llama-cpp-python keeps no scores without logits_all; read the last row directly
@@ -115,14 +122,41 @@ class LlamaExecutable(GenerativeExecutable):
         llm.context_params.n_threads = llm.context_params.n_threads_batch = n_threads
         self.n_threads = n_threads
 
-    def begin_request(self) -> None:
-        """Under the lock, before a generation: the governor's thread count, fresh counters."""
+    def adapter_of(self, params: dict[str, Any]) -> str:
+        """The adapter ``params`` asks for (removed from them; "" = none), checked."""
+        name = params.pop("adapter", None)
+        if self.adapters is None:
+            if name:
+                raise CommandError(f"model has no adapters, so not {name!r}; list them in its "
+                                   "[[models]] entry: adapters = {{ name = \"file.gguf\" }}",
+                                   field="adapter")
+            return ""
+        return self.adapters.check(name)
+
+    def begin_request(self, adapter: str = "") -> None:
+        """Under the lock, before a generation: the request's adapter, the governor's thread
+        count, fresh counters."""
+        if self.adapters is not None and adapter != self.adapters.active:
+            LLAMA_THREAD.call(self._switch_adapter, adapter)
         if self.governor is not None:
             n = self.governor.threads_for_request()
             if n and n != self.n_threads:
                 self._apply_threads(n)
         self.llm.sampled = []
         self.llm.sample_times = []
+
+    def _switch_adapter(self, adapter: str) -> None:
+        # the KV the context holds was computed under the other adapter: kept under its name,
+        # then nothing of it is reused
+        assert self.adapters is not None
+        llm = self.llm
+        cache = llm.prefix_cache
+        if cache is not None:
+            cache.keep(llm)
+        self.adapters.apply(llm.ctx, adapter)
+        llm.reset()
+        if cache is not None:
+            cache.adapter = self.adapters.tag(adapter)
 
     def end_request(self) -> None:
         """Under the lock, after a generation: tell the governor how fast it decoded (the
@@ -142,30 +176,39 @@ class LlamaExecutable(GenerativeExecutable):
         """llama-cpp-python's ``create_chat_completion``: a dict, or (``stream=True``) a
         :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count. Setting ``cancel``
         ends the generation at the next token (finish_reason "stop")."""
+        adapter = self.adapter_of(params)
         params = cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self, functools.partial(
-                self.llm.create_chat_completion, messages=messages, **params), field="messages")
+                self.llm.create_chat_completion, messages=messages, **params), field="messages",
+                adapter=adapter)
         with self.lock, refused_as_bad_request("messages"):
-            self.begin_request()
+            self.begin_request(adapter)
             out = LLAMA_THREAD.call(self.llm.create_chat_completion, messages=messages,
                                     **params)
             self.end_request()
-            return out
+            return self._with_cached(out)
 
     def complete(self, prompt: str, *, cancel: threading.Event | None = None,
                  **params: Any) -> Any:
         """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`);
         ``cancel`` as for :meth:`chat`."""
+        adapter = self.adapter_of(params)
         params = cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self, functools.partial(
-                self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt)
+                self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt,
+                adapter=adapter)
         with self.lock, refused_as_bad_request("prompt"):
-            self.begin_request()
+            self.begin_request(adapter)
             out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
             self.end_request()
-            return out
+            return self._with_cached(out)
+
+    def _with_cached(self, out: Any) -> Any:
+        if isinstance(out.get("usage"), dict):
+            with_cached(out["usage"], self.llm)
+        return out
 
     can_embed = True
 
@@ -202,6 +245,9 @@ class LlamaExecutable(GenerativeExecutable):
 
     def close(self) -> None:
         with self.lock:
+            cache = getattr(self.llm, "prefix_cache", None)
+            if cache is not None:
+                LLAMA_THREAD.call(cache.close, self.llm)  # spilled to disk when asked for
             close = getattr(self.llm, "close", None)
             if close is not None:
                 LLAMA_THREAD.call(close)

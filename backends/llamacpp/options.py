@@ -29,6 +29,25 @@ class LlamacppSection(BackendOptions):
         description="Chats one model generates at once, as sequences of one llama.cpp context "
                     "(continuous batching), each with n_ctx / parallel tokens of it (llama.cpp "
                     "rounds each share up to a multiple of 256); 1 = one request at a time.")
+    prefix_cache_entries: int = Field(
+        4, ge=0, le=1024,
+        description="KV states of this many earlier prompts kept per model (0 = off): a "
+                    "prompt sharing its beginning with one (a long system prompt of another "
+                    "conversation) reads only the rest. Matched by the longest common token "
+                    "prefix, least recently used first out.")
+    prefix_cache_bytes: int = Field(
+        128 << 20, ge=0,
+        description="Memory the kept KV states of one model may take, in bytes.")
+    prefix_cache_min_tokens: int = Field(
+        128, ge=1, description="Prompts shorter than this many tokens are not kept.")
+    prefix_cache_spill: bool = Field(
+        False,
+        description="Write kept KV states to <state dir>/cache/llamacpp/kv (those pushed out "
+                    "of memory, and all at unload), so they survive a restart of the daemon "
+                    "or the worker; a file made by another model file, llama-cpp-python "
+                    "version or KV setting is ignored.")
+    prefix_cache_spill_bytes: int = Field(
+        1 << 30, ge=0, description="Disk the spilled KV states may take, oldest out first.")
     isolation: Isolation = Field(
         "process",
         description="Where a served GGUF runs: 'process' = in a worker process "

@@ -29,6 +29,7 @@ from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     import_llama_cpp,
     usage_of,
+    with_cached,
 )
 from edgepilot.errors import BackendError, CommandError
 from edgepilot.formats.gguf_info import GgufInfo
@@ -65,6 +66,7 @@ def _request_view(llama_cpp: Any) -> Any:
             self.seq: BatchSequence | None = None
             self.sampled: list[int] = []
             self.prompt_len = 0
+            self.prompt_cached = 0  # a sequence reads its whole prompt
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self._llm, name)
@@ -202,6 +204,15 @@ class LlamaBatchExecutable(LlamaExecutable):
         """From the next step on (applied between steps, on the llama.cpp thread)."""
         LLAMA_THREAD.call(self._apply_threads, n_threads)
 
+    def adapter_of(self, params: dict[str, Any]) -> str:
+        """Adapters are applied per context, and the N sequences share one: a parallel model
+        serves the base only (refused by name, before anything runs)."""
+        name = params.pop("adapter", None)
+        if name:
+            raise CommandError(f"adapter {name!r}: LoRA adapters are served with "
+                               "[backends.llamacpp] parallel = 1 only", field="adapter")
+        return ""
+
     def _view(self, cancel: threading.Event | None) -> Any:
         if LLAMA_THREAD.here():
             raise RuntimeError("a parallel GGUF model must not be called on the llama.cpp "
@@ -235,6 +246,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         """llama-cpp-python's ``create_chat_completion`` as one sequence of the batch: a dict,
         or (``stream=True``) a :class:`BatchTokenStream`. Setting ``cancel`` ends the
         generation at the next step (finish_reason "stop")."""
+        self.adapter_of(params)
         view = self._view(cancel)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_chat_completion(
@@ -242,12 +254,15 @@ class LlamaBatchExecutable(LlamaExecutable):
         with self.refused("messages"):
             out = view.create_chat_completion(messages=messages, **params)
         self.report(view)
+        if isinstance(out.get("usage"), dict):
+            with_cached(out["usage"], view)
         return out
 
     def complete(self, prompt: str, *, cancel: threading.Event | None = None,
                  **params: Any) -> Any:
         """llama-cpp-python's ``create_completion`` as one sequence of the batch (a dict, or a
         :class:`BatchTokenStream`); ``cancel`` as for :meth:`chat`."""
+        self.adapter_of(params)
         view = self._view(cancel)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_completion(
@@ -255,6 +270,8 @@ class LlamaBatchExecutable(LlamaExecutable):
         with self.refused("prompt"):
             out = view.create_completion(prompt=prompt, **params)
         self.report(view)
+        if isinstance(out.get("usage"), dict):
+            with_cached(out["usage"], view)
         return out
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -120,12 +120,14 @@ class LlamaWorkerExecutable(GenerativeExecutable):
     def __init__(self, model: str, path: Path, settings: LlamacppSection, *,
                  n_ctx: int | None = None, n_gpu_layers: int | None = None,
                  parallel: int | None = None, emit: Emit | None = None,
-                 governor: ThreadGovernor | None = None) -> None:
+                 governor: ThreadGovernor | None = None, cache_dir: Path | None = None,
+                 adapters: dict[str, Path] | None = None) -> None:
         self.model = model
         self._options: dict[str, Any] = {
             "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers,
             "parallel": parallel, "settings": settings.model_dump(), "threads": None,
-            "guard": False}
+            "guard": False, "cache_dir": None if cache_dir is None else str(cache_dir),
+            "adapters": {k: str(v) for k, v in (adapters or {}).items()}}
         self._emit = emit
         self._start_lock = threading.Lock()
         self._closed = False

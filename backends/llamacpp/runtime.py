@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from edgepilot.backends.base import BackendUnavailable
+from edgepilot.backends.llamacpp.prefix_cache import PrefixCache, common_prefix
 from edgepilot.backends.native_log import route_llama_logs
 from edgepilot.errors import CommandError
 
@@ -127,6 +128,21 @@ def counting_llama(llama_cpp: Any) -> Any:
                 self.sampled: list[int] = []
                 self.sample_times: list[float] = []
                 self.prompt_len = 0
+                # prompt tokens the last generation found in the KV cache (not evaluated)
+                self.prompt_cached = 0
+                self.prefix_cache: PrefixCache | None = None
+
+            def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+                tokens = list(tokens)
+                cache = self.prefix_cache
+                if cache is not None:
+                    cache.before(self, tokens)
+                self.prompt_cached = reused_prefix(self, tokens)
+                try:
+                    return (yield from super().generate(tokens, *args, **kwargs))
+                finally:
+                    if cache is not None:
+                        cache.dirty = True
 
             def sample(self, *args: Any, **kwargs: Any) -> Any:
                 token = super().sample(*args, **kwargs)
@@ -141,7 +157,20 @@ def counting_llama(llama_cpp: Any) -> Any:
     return _counting_class
 
 
-def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, int]:
+def reused_prefix(llm: Any, tokens: list[int]) -> int:
+    """How many of ``tokens`` llama-cpp-python's ``generate`` will take from the KV cache
+    instead of evaluating (its own rule: the common prefix with what the context holds, less
+    the last prompt token unless the whole prompt was just decoded live)."""
+    if not llm.n_tokens or not tokens:
+        return 0
+    held = np.asarray(llm._input_ids, dtype=np.int32)
+    n = common_prefix(held, np.asarray(tokens, dtype=np.int32))
+    if n == len(tokens) == len(held) and not llm._requires_eval:
+        return n
+    return n - 1 if n == len(tokens) else n
+
+
+def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, Any]:
     """Usage of the last generation of a counting llama, as llama.cpp's own response counts it.
 
     ``empty_prompt``: llama-cpp-python seeds the completion of an empty prompt with BOS and
@@ -154,8 +183,15 @@ def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, int]:
         completion -= 1  # the EOG token ends generation and is not part of the completion
     completion += 1 if empty_prompt else 0
     prompt = int(llm.prompt_len)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return with_cached({"prompt_tokens": prompt, "completion_tokens": completion,
+                        "total_tokens": prompt + completion}, llm)
+
+
+def with_cached(usage: dict[str, Any], llm: Any) -> dict[str, Any]:
+    """``usage`` with OpenAI's ``prompt_tokens_details.cached_tokens``: the prompt tokens the
+    last generation of ``llm`` reused from the KV cache instead of evaluating them."""
+    usage["prompt_tokens_details"] = {"cached_tokens": int(getattr(llm, "prompt_cached", 0))}
+    return usage
 
 
 class ThreadGovernor(Protocol):

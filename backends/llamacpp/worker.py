@@ -74,8 +74,11 @@ class Worker(WorkerLoop):
         from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 
         backend = LlamaCppBackend(LlamacppSection(**options["settings"]))
+        if options.get("cache_dir"):
+            backend.cache_dir = Path(options["cache_dir"])  # the daemon's, for spilled KV
         exe = backend.open(Path(options["path"]), n_ctx=options["n_ctx"],
-                           n_gpu_layers=options["n_gpu_layers"], parallel=options["parallel"])
+                           n_gpu_layers=options["n_gpu_layers"], parallel=options["parallel"],
+                           adapters={k: Path(v) for k, v in options.get("adapters", {}).items()})
         if options.get("threads"):
             exe.set_threads(int(options["threads"]))
         self.governor.latest = options.get("threads")

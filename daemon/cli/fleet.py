@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from edgepilot.cli.common import config_from
@@ -50,10 +51,11 @@ def add_parser(sub: Any) -> None:
     top.add_argument("--once", action="store_true", help="print one table and exit")
     top.add_argument("--json", action="store_true", help="with --once: as JSON")
     top.set_defaults(func=cmd_top)
-    ro = fsub.add_parser("rollout", help="a DVFS profile to a group: canaries first, then "
-                                         "batches, each watched; rolled back when unhealthy")
-    ro.add_argument("what", choices=["profile"], help="what is rolled out")
-    ro.add_argument("name", help="the profile's name (profile.list)")
+    ro = fsub.add_parser("rollout", help="a DVFS profile or a config file to a group: "
+                                         "canaries first, then batches, each watched; rolled "
+                                         "back when unhealthy")
+    ro.add_argument("what", choices=["profile", "config"], help="what is rolled out")
+    ro.add_argument("name", help="the profile's name (profile.list), or the TOML file")
     ro.add_argument("--group", default="all", help="a group of [mqtt] groups, or 'all'")
     ro.add_argument("--canary", type=int, default=1, help="devices changed first (default 1)")
     ro.add_argument("--batch", type=float, default=25.0,
@@ -128,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from edgepilot.fleet.client import FleetClient
-    from edgepilot.fleet.rollout import Rollout
+    from edgepilot.fleet.rollout import Rollout, config_change, profile_change
 
     for flag, value, low, high in (("canary", args.canary, 0, 100_000),
                                    ("batch", args.batch, 0.1, 100),
@@ -137,19 +139,28 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                                    ("timeout", args.timeout, 0.1, 3600)):
         if not low <= value <= high:
             raise CommandError(f"--{flag} {value}: allowed {low}..{high}", field=flag)
+    if args.what == "config":
+        path = Path(args.name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"config file {path}: {exc}", field="name") from None
+        change = config_change(path.name, text)
+    else:
+        change = profile_change(args.name)
     with FleetClient(broker_config(args)) as fleet:
         targets = fleet.select(group=args.group)
         if not targets:
             raise CommandError(f"no device in group {args.group!r} known from the retained "
                                "statuses; see `edgepilot fleet ls`", field="group")
         say = (lambda _: None) if args.json else (lambda line: print(line, flush=True))
-        result = Rollout(fleet, args.name, targets, canary=args.canary, batch_pct=args.batch,
+        result = Rollout(fleet, change, targets, canary=args.canary, batch_pct=args.batch,
                          dwell_s=args.dwell, timeout_s=args.timeout,
                          max_error_rate=args.max_error_rate, say=say).run()
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     elif result.ok:
-        print(f"rolled out {result.profile} to {len(result.changed)} devices")
+        print(f"rolled out {result.change} to {len(result.changed)} devices")
     else:
         print(f"stopped at {result.stopped}; rolled back: {', '.join(result.rolled_back)}")
     return 0 if result.ok else EXIT_ERRORS

@@ -35,13 +35,14 @@ from edgepilot.dispatch.measuring.measure import (
     Measurer,
     Progress,
 )
+from edgepilot.dispatch.measuring.runnable import reference_for
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
 from edgepilot.dispatch.planning.kernels import KernelModel
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
-from edgepilot.dispatch.targets import reference_target
+from edgepilot.dispatch.planning.versus import single_instead
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
@@ -124,19 +125,11 @@ class ModelDispatch:
             # only some layers (a delegate) is a planning fact, used for the layers it covers
             self.targets = [t for t in self.targets if t.backend in self.backends
                             and covers_any(self.backends[t.backend], part, t)]
-            precision = "fp32"
-            if kind == "tflite":
-                from edgepilot.backends.tflite import file_precision
-
-                precision = file_precision(self.path)
-            self.reference = ref = reference_target(self.targets, part.kind, precision)
-            ref_exe = self._backend(ref).compile(part.segment(0, len(part.layers)), ref)
             self.calibration = samples.feeds
-            try:
-                self.ref_outputs = [ref_exe.run(feed) for feed in self.calibration]
-            finally:
-                ref_exe.close()
+            ref, self.ref_outputs, merges = reference_for(part, self.backends, self.targets,
+                                                          self.calibration)
             layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
+            self.reference = ref
             key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
                              "signature": signature_of(self.shapes),
                              "inputs": samples.describe(), "targets": targets,
@@ -161,13 +154,14 @@ class ModelDispatch:
                                     passes=self.opts.passes)
                 profile = measurer.table()
                 profile.freqs = dict(self.freqs)
+                profile.extra["merged"] = merges
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
                                        freqs=dict(self.freqs), budgets=dict(self.budgets),
                                        split_margin=self.opts.hysteresis,
                                        kernels=self._kernels())
             plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
                                          else "reprofile" if reprofile else "initial")
-            spent = time.monotonic() - started
+            spent = plan.planning_s = round(time.monotonic() - started, 3)
             if adopted and shared and not shared.adopt(adopted, self.name, plan.segments,
                                                        plan.measured_ms, self.segment_ms, spent):
                 return self.prepare(reprofile=True)  # it does not hold here: measure
@@ -248,7 +242,13 @@ class ModelDispatch:
                                                   max_runs=MAX_RUNS)
         self.builder.record(plan.segments, per_segment)
         self.segment_ms = list(per_segment)
-        return plan, compiled
+        single = single_instead(self.name, self.builder, self.part, plan, compiled,
+                                self.backends, self.calibration[0], self.opts.hysteresis,
+                                self.check_error)
+        if single is None:
+            return plan, compiled
+        self.segment_ms = [single[0].measured_ms or 0.0]
+        return single
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan

@@ -54,6 +54,16 @@ def reference_target(targets: list[Target], kind: str, precision: str = "fp32") 
                       field="model")
 
 
+def reference_targets(targets: list[Target], kind: str, precision: str = "fp32"
+                      ) -> list[Target]:
+    """The reference first, then the other targets of its runtime and precision: the one
+    that runs the whole file becomes the reference (a TFLite file with a custom op that only
+    the interpreter's default resolver registers runs on ``xnnpack``, not on ``cpu``)."""
+    first = reference_target(targets, kind, precision)
+    return [first, *(t for t in targets if t != first and t.backend == first.backend
+                     and t.precision == first.precision)]
+
+
 def board_freqs(board: Board | None) -> dict[str, float]:
     """Current clocks per device kind in kHz (cpu = fastest policy); {} without a board."""
     if board is None:

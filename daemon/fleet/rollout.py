@@ -1,8 +1,9 @@
-"""``fleet rollout profile NAME``: a DVFS profile rolled out canary first, batch by batch.
+"""``fleet rollout profile NAME|config FILE``: a change rolled out canary first, batch by batch.
 
-1. Every target must answer ``status`` first; what each runs now is noted (its profile, or
-   none: then its rollback is ``profile.restore``, which puts back the exact files edgepilot
-   changed, byte for byte).
+1. Every target must answer ``status`` first; what each runs now is noted. A profile is undone
+   with the profile it ran before, or, when it ran none, with ``profile.restore``, which puts
+   back the exact files edgepilot changed, byte for byte; a config file with
+   ``config.restore``, which puts the previous file back byte for byte and reloads.
 2. The change goes to ``--canary N`` devices; their health is watched for ``--dwell`` seconds;
    then the rest, ``--batch K%`` of the targets at a time, each batch watched the same way.
 3. At the first unhealthy device the rollout stops, every device it changed is rolled back,
@@ -26,11 +27,35 @@ from edgepilot.fleet.client import FleetClient
 POLL_S = 0.5
 
 
+@dataclass(frozen=True)
+class Change:
+    """What a rollout does to each device (a command) and how it is undone there."""
+
+    what: str  # for people: "profile powersave", "config edgepilot.toml"
+    verb: str
+    params: dict[str, Any]
+
+    def undo(self, before: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The command that undoes this change on a device whose status was ``before``."""
+        if self.verb == "config.apply":
+            return "config.restore", {}
+        prev = before.get("profile")
+        return ("profile.apply", {"name": prev}) if prev else ("profile.restore", {})
+
+
+def profile_change(name: str) -> Change:
+    return Change(f"profile {name}", "profile.apply", {"name": name})
+
+
+def config_change(label: str, toml: str) -> Change:
+    return Change(f"config {label}", "config.apply", {"toml": toml})
+
+
 @dataclass
 class RolloutResult:
     """What a rollout did: changed, rolled back, and why it stopped (None: it finished)."""
 
-    profile: str
+    change: str
     targets: list[str]
     changed: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
@@ -43,7 +68,7 @@ class RolloutResult:
         return self.stopped is None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"profile": self.profile, "targets": self.targets, "changed": self.changed,
+        return {"change": self.change, "targets": self.targets, "changed": self.changed,
                 "rolled_back": self.rolled_back, "unhealthy": self.unhealthy,
                 "failed": self.failed, "stopped": self.stopped, "ok": self.ok}
 
@@ -95,32 +120,31 @@ def _work(tm: dict[str, Any]) -> tuple[int, int]:
 
 
 class Rollout:
-    """One rollout of a DVFS profile over ``targets`` through ``fleet``."""
+    """One rollout of ``change`` over ``targets`` through ``fleet``."""
 
-    def __init__(self, fleet: FleetClient, profile: str, targets: list[str], *, canary: int,
+    def __init__(self, fleet: FleetClient, change: Change, targets: list[str], *, canary: int,
                  batch_pct: float, dwell_s: float, timeout_s: float,
                  max_error_rate: float = 0.05, say: Callable[[str], None] = lambda _: None
                  ) -> None:
-        self.fleet, self.profile, self.targets = fleet, profile, targets
+        self.fleet, self.change, self.targets = fleet, change, targets
         self.canary, self.batch_pct, self.dwell_s = canary, batch_pct, dwell_s
         self.timeout_s, self.max_error_rate, self.say = timeout_s, max_error_rate, say
-        self.before: dict[str, str | None] = {}
+        self.before: dict[str, dict[str, Any]] = {}
         self.work_before: dict[str, dict[str, int]] = {}
 
     def run(self) -> RolloutResult:
-        result = RolloutResult(self.profile, list(self.targets))
+        result = RolloutResult(self.change.what, list(self.targets))
         first = self.fleet.run("status", devices=self.targets, timeout_s=self.timeout_s)
         if first.missing:
             result.stopped = "before start"
             result.unhealthy = {d: ["no answer to status"] for d in first.missing}
             return result
-        self.before = {d: first.replies[d].get("result", {}).get("profile")
-                       for d in self.targets}
+        self.before = {d: first.replies[d].get("result") or {} for d in self.targets}
         for k, batch in enumerate(batches(self.targets, self.canary, self.batch_pct)):
             what = "canary" if k == 0 and self.canary else f"batch {k}"
-            self.say(f"{what}: {', '.join(batch)} -> {self.profile}")
+            self.say(f"{what}: {', '.join(batch)} -> {self.change.what}")
             self._baseline(batch)
-            applied = self.fleet.run("profile.apply", {"name": self.profile}, devices=batch,
+            applied = self.fleet.run(self.change.verb, self.change.params, devices=batch,
                                      timeout_s=self.timeout_s)
             for dev in batch:
                 reply = applied.replies.get(dev)
@@ -159,12 +183,11 @@ class Rollout:
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
     def _roll_back(self, result: RolloutResult) -> None:
-        by_verb: dict[tuple[str, str | None], list[str]] = {}
+        by_undo: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
         for dev in result.changed:
-            prev = self.before.get(dev)
-            by_verb.setdefault(("profile.apply" if prev else "profile.restore", prev),
-                               []).append(dev)
-        for (verb, prev), devs in by_verb.items():
-            back = self.fleet.run(verb, {"name": prev} if prev else {}, devices=devs,
-                                  timeout_s=self.timeout_s)
+            verb, params = self.change.undo(self.before.get(dev, {}))
+            key = f"{verb} {sorted(params.items())}"
+            by_undo.setdefault(key, (verb, params, []))[2].append(dev)
+        for verb, params, devs in by_undo.values():
+            back = self.fleet.run(verb, params, devices=devs, timeout_s=self.timeout_s)
             result.rolled_back += [d for d in devs if (back.replies.get(d) or {}).get("ok")]

@@ -54,6 +54,21 @@ def inside_model_dir(model_dir: Path, entry: ModelEntry) -> Path:
     return path
 
 
+def adapter_paths(model_dir: Path, entry: ModelEntry) -> dict[str, Path]:
+    """The entry's LoRA adapter files by name, inside ``model_dir`` (one resolving outside it
+    is a ModelError naming it); a missing file is the backend's to refuse."""
+    root = model_dir.resolve()
+    out = {}
+    for name, file in entry.adapters.items():
+        path = (root / file).resolve()
+        if not path.is_relative_to(root):
+            raise ModelError(f"model {entry.name!r}: adapter {name!r} file {str(file)!r} "
+                             f"resolves outside the model dir {root}; put it in the model dir",
+                             field=f"models.{entry.name}.adapters.{name}")
+        out[name] = path
+    return out
+
+
 def resolve_path(model_dir: Path, entry: ModelEntry) -> Path:
     """``entry.file`` inside ``model_dir`` and present; refuse anything resolving outside it."""
     path = inside_model_dir(model_dir, entry)

@@ -46,6 +46,20 @@ class ModelEntry(BaseModel):
     batch_wait_ms: float = Field(0.5, ge=0, le=10_000, description="How long the first "
                                  "request of a batch at an idle model waits for others.")
 
+    adapters: dict[str, Path] = Field(
+        default_factory=dict,
+        description="GGUF: LoRA adapter files by name, relative to the model dir, e.g. "
+        "{ extract = \"extract-lora.gguf\" }; a request picks one with \"adapter\": \"extract\" "
+        "or the model name \"<name>:extract\" (llama.cpp, parallel = 1).")
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not name or len(name) > 64 or not all(c.isalnum() or c in "_.-" for c in name):
+                raise ValueError(f"adapter name {name!r}: allowed 1-64 of A-Z a-z 0-9 _ . -")
+        return value
+
     @field_validator("input_shapes")
     @classmethod
     def _input_shapes(cls, value: dict[str, list[int]] | None) -> dict[str, list[int]] | None:

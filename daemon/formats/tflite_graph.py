@@ -8,7 +8,9 @@ inputs and outputs, so the TFLite and Arm NN backends can run a sub-range like O
 
 from __future__ import annotations
 
+import copy
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,12 @@ def load(path: Path) -> Any:
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelError(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)",
                          field="file")
-    model = schema().ModelT.InitFromPackedBuf(data, 0)
+    try:
+        model = schema().ModelT.InitFromPackedBuf(data, 0)
+    except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
+        raise ModelError(f"{path.name} is not a readable TFLite model (truncated or damaged: "
+                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
+                         field="file") from None
     with _cache_lock:
         _cache.clear()  # one model at a time is enough; these are re-read rarely
         _cache[key] = model
@@ -90,6 +97,10 @@ def layers(path: Path) -> list[Layer]:
     for i, op in enumerate(sg.operators or []):
         code = model.operatorCodes[op.opcodeIndex]
         opname = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+        if opname == "CUSTOM" and code.customCode:
+            # a custom op by its own name: what an error about it must say
+            raw = code.customCode
+            opname = raw.decode() if isinstance(raw, bytes) else str(raw)
         ins = tuple(_name(sg.tensors[t]) for t in _ints(op.inputs) if t >= 0
                     and not _is_const(model, sg.tensors[t]))
         outs = tuple(_name(sg.tensors[t]) for t in _ints(op.outputs))
@@ -135,11 +146,32 @@ def segment(path: Path, start: int, end: int, name: str = "") -> Segment:
                    name or f"{path.stem}[{start}:{end}]")
 
 
+# cut segments by (file version, boundary), least recently used dropped past this many bytes:
+# planning cuts each layer several times (support check, compile, retime) and one cut of a
+# MediaPipe model costs ~0.2 s of flatbuffer packing in Python
+_CUTS_MAX_BYTES = 64 << 20
+_cuts: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+
+
 def cut(path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bytes:
     """A new model computing ``outputs`` from ``inputs`` with only the operators needed."""
-    model = load(path)
-    # work on a private copy: the cached object is shared
-    model = schema().ModelT.InitFromPackedBuf(pack(model), 0)
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size, tuple(inputs), tuple(outputs))
+    with _cache_lock:
+        hit = _cuts.get(key)
+        if hit is not None:
+            _cuts.move_to_end(key)
+            return hit
+    data = _cut(path, inputs, outputs)
+    with _cache_lock:
+        _cuts[key] = data
+        while len(_cuts) > 1 and sum(len(v) for v in _cuts.values()) > _CUTS_MAX_BYTES:
+            _cuts.popitem(last=False)
+    return data
+
+
+def _cut(path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bytes:
+    model = _private(load(path))
     sg = model.subgraphs[0]
     index = {_name(t): i for i, t in enumerate(sg.tensors)}
     for role, names in (("inputs", inputs), ("outputs", outputs)):
@@ -171,7 +203,7 @@ def cut(path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bytes:
                 f"segment outputs need tensor {_name(sg.tensors[t])!r}, which is neither a "
                 "segment input nor a constant; add it to the segment inputs",
                 field="segment.inputs")
-    ops = [op for i, op in enumerate(sg.operators or []) if i in keep]
+    ops = [copy.copy(op) for i, op in enumerate(sg.operators or []) if i in keep]
     used: list[int] = []
     for t in [*in_idx, *out_idx] + [x for op in ops for x in (
             _ints(op.inputs) + _ints(op.outputs) + _ints(op.intermediates))]:
@@ -190,6 +222,21 @@ def cut(path: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> bytes:
     model.signatureDefs = []  # they index the old tensor list
     _prune_buffers(model)
     return pack(model)
+
+
+def _private(base: Any) -> Any:
+    """A copy of the cached model that a cut may change: every object it reassigns a field of
+    (model, subgraphs, tensors, metadata) copied shallowly, buffers shared (packing and parsing
+    the whole model again to copy it cost ~1 s per cut of a 5 MB file)."""
+    model = copy.copy(base)
+    model.subgraphs = []
+    for sg in base.subgraphs:
+        c = copy.copy(sg)
+        c.tensors = [copy.copy(t) for t in sg.tensors or []]
+        model.subgraphs.append(c)
+    if base.metadata is not None:
+        model.metadata = [copy.copy(m) for m in base.metadata]
+    return model
 
 
 def _prune_buffers(model: Any) -> None:

@@ -172,7 +172,8 @@ async def chat(request: Request) -> Any:
         declared = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
                     for t in body.tools]
         template = await asyncio.get_running_loop().run_in_executor(
-            gen.executor, chat_template_of, gen.registry, name)
+            gen.executor, chat_template_of, gen.registry,
+            gen.adapter_in_name(name, {})[0])
         # Ollama has no tool_choice: the model calls a tool or answers in text
         tools = tool_request(messages, declared, "auto", template)
         messages = tools.messages

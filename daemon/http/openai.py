@@ -132,6 +132,10 @@ class Sampling(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     n: Literal[1] = Field(1, description="Only one choice per request is generated.")
     user: str | None = Field(None, max_length=256)
+    adapter: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="A LoRA adapter of the model (its [[models]] adapters); the model name "
+                    "'<model>:<adapter>' picks one too.")
 
     def llama_params(self) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -145,6 +149,8 @@ class Sampling(_Strict):
             params["max_tokens"] = self.max_tokens
         if self.seed is not None:
             params["seed"] = self.seed
+        if self.adapter is not None:
+            params["adapter"] = self.adapter
         return params
 
 
@@ -203,7 +209,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
     if req.tools and req.tool_choice != "none":
         gen = _generator(request)
         template = await asyncio.get_running_loop().run_in_executor(
-            gen.executor, chat_template_of, gen.registry, req.model)
+            gen.executor, chat_template_of, gen.registry,
+            gen.adapter_in_name(req.model, {})[0])
         choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) \
             else req.tool_choice
         tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edgepilot.backends.base import EmbeddingsUnsupported, Executable, GenerativeExecutable
-from edgepilot.errors import BusyError, CommandError
+from edgepilot.errors import BusyError, CommandError, NotFoundError
 from edgepilot.serving.chat_shape import chunks_as_chat, completion_as_chat
 from edgepilot.serving.devices import DeviceQueue, DeviceQueues
 from edgepilot.serving.registry import LoadedModel, ModelRegistry
@@ -94,6 +94,7 @@ class Generator:
         """A finished OpenAI response dict, or (``stream``) an async iterator of chunk dicts
         ending with a :class:`StreamEnd`; a runtime error mid-stream is yielded as the
         exception itself (the interface formats it), before the end."""
+        name, params = self.adapter_in_name(name, params)
         model = self.registry.catalog.resolve(name)
         if model.kind != "gguf":
             raise CommandError(f"model {name!r} is a {model.kind} tensor model; send tensors to "
@@ -157,6 +158,26 @@ class Generator:
             return vectors, tokens
         finally:
             self.registry.release(lm)
+
+    def adapter_in_name(self, name: str, params: dict[str, Any]
+                        ) -> tuple[str, dict[str, Any]]:
+        """``base:adapter`` (a model name any client can send, Ollama's included) as the base
+        model and ``params["adapter"]``, when ``base`` is a model with that adapter; any other
+        name as it is."""
+        catalog = self.registry.catalog
+        base, _, adapter = name.rpartition(":")
+        if not base or name in catalog.entries():
+            return name, params
+        try:
+            entry = catalog.entry(base)
+        except NotFoundError:
+            return name, params  # resolved (and refused, naming the models) by the caller
+        if adapter not in entry.adapters:
+            return name, params
+        if params.get("adapter") not in (None, adapter):
+            raise CommandError(f"model {name!r} names adapter {adapter!r} and the request "
+                               f"asks for {params['adapter']!r}; name one", field="adapter")
+        return base, {**params, "adapter": adapter}
 
     def _own_executor(self, exe: Executable) -> concurrent.futures.Executor:
         # llama.cpp runs every computation on the model's own thread (a hand-over per token

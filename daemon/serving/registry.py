@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from edgepilot.blocking import RunBlocking
 from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.gguf.plans import GgufDispatch
-from edgepilot.errors import BackendError, ModelError
+from edgepilot.errors import BackendError, ModelError, UnrunnableModel
 from edgepilot.formats import files
 from edgepilot.formats.catalog import ModelCatalog
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
@@ -245,7 +246,9 @@ class ModelRegistry:
         # [backends.llamacpp] isolation: a worker process (default) or the llama.cpp thread
         exe = llama.open_served(model.path, model=model.name, n_ctx=n_ctx, info=info,
                                 n_gpu_layers=None if plan is None else plan.n_gpu_layers,
-                                emit=self.emit, governor=gd)
+                                emit=self.emit, governor=gd,
+                                adapters=files.adapter_paths(self.catalog.model_dir,
+                                                             model.entry))
         if plan is not None:
             exe.set_threads(plan.n_threads)
             log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
@@ -286,8 +289,16 @@ class ModelRegistry:
                            field="model")
 
     def compile_whole(self, model: files.ResolvedModel) -> Executable:
-        backend, target, segment = self.default_target(model)
-        return backend.compile(segment, target)
+        """The whole model on its default target; a file that target cannot build (an op no
+        runtime resolves) is an UnrunnableModel (HTTP 422) naming the file and the reason."""
+        try:
+            backend, target, segment = self.default_target(model)
+            return backend.compile(segment, target)
+        except BackendError as exc:
+            reason = re.sub(rf"^.*?{re.escape(model.path.name)} on \S+: ", "",
+                            " ".join(exc.message.split()))
+            raise UnrunnableModel(f"{model.path.name}: no runtime here runs this model: "
+                                  f"{reason}", field="model") from None
 
     async def load(self, name: str) -> LoadedModel:
         """Make ``name`` resident (no-op when it is); emits ``model.loaded``."""

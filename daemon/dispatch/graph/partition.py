@@ -156,6 +156,12 @@ def build_layers(nodes: Sequence[Node], graph_inputs: Sequence[str],
     while len(ranges) > max_layers:
         threshold *= 2
         ranges = _coalesce(ranges, nodes, threshold)
+    return layers_of(nodes, ranges, graph_outputs, tensor_bytes)
+
+
+def layers_of(nodes: Sequence[Node], ranges: Sequence[tuple[int, int]],
+              graph_outputs: Sequence[str], tensor_bytes: dict[str, int]) -> list[Layer]:
+    """One :class:`Layer` per node range, with its cost-model features."""
     layers: list[Layer] = []
     for idx, (s, e) in enumerate(ranges):
         ins, outs = range_io(nodes, s, e, graph_outputs)
@@ -169,6 +175,15 @@ def build_layers(nodes: Sequence[Node], graph_inputs: Sequence[str],
             in_bytes=sum(tensor_bytes.get(t, 0) for t in ins),
             out_bytes=sum(tensor_bytes.get(t, 0) for t in outs)))
     return layers
+
+
+def merge_layers(part: Partition, first: int) -> None:
+    """Join layers ``first`` and ``first + 1`` into one (in place): a layer that no target can
+    run alone (an operator whose input must be a constant, a custom op only a whole-file
+    interpreter resolves) runs together with its neighbour."""
+    ranges = [(lay.start, lay.end) for lay in part.layers]
+    ranges[first:first + 2] = [(ranges[first][0], ranges[first + 1][1])]
+    part.layers = layers_of(part.nodes, ranges, part.outputs, part.tensor_bytes)
 
 
 def _coalesce(ranges: list[tuple[int, int]], nodes: Sequence[Node],

@@ -91,23 +91,23 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
                 raise PlanError(f"model {model!r} input {spec.name!r} dim {k} is fixed at "
                                 f"{want} in the model; the shape given says {got}",
                                 field="input_shape")
-            if isinstance(want, str) and want and bound.setdefault(want, got) != got:
-                raise PlanError(f"model {model!r}: dim {want!r} is {bound[want]} in one "
+            if shared_symbol(want) and bound.setdefault(str(want), got) != got:
+                raise PlanError(f"model {model!r}: dim {want!r} is {bound[str(want)]} in one "
                                 f"input and {got} in {spec.name!r}", field="input_shape")
         out[spec.name] = shape
     for spec in specs:
         if spec.name in out:
             continue
         if defaults is not None and spec.name in defaults and not any(
-                isinstance(d, str) and d in bound for d in spec.shape):
+                shared_symbol(d) and d in bound for d in spec.shape):
             out[spec.name] = tuple(int(d) for d in defaults[spec.name])
             continue
         dims: list[int] = []
         for k, d in enumerate(spec.shape):
             if isinstance(d, int) and d > 0:
                 dims.append(d)
-            elif isinstance(d, str) and d in bound:
-                dims.append(bound[d])
+            elif shared_symbol(d) and str(d) in bound:
+                dims.append(bound[str(d)])
             else:
                 raise PlanError(
                     f"model {model!r} input {spec.name!r} dim {k}{_label(d)} is dynamic "
@@ -115,6 +115,17 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
                     f"(e.g. {spec.name}={_example(spec.shape)})", field="input_shape")
         out[spec.name] = tuple(dims)
     return out
+
+
+def shared_symbol(dim: int | str | None) -> bool:
+    """Whether a dim names a size shared by every tensor that uses the name (``batch``,
+    ``seq``). Exporters write an *unnamed* dynamic dim as ``?``, an empty name, ``unk__N``
+    (onnx shape inference's placeholders) or ``-1``: each of those is its own unknown, and
+    two inputs both written ``?`` may well differ."""
+    if not isinstance(dim, str):
+        return False
+    name = dim.strip()
+    return bool(name) and name not in ("?", "-1") and not name.startswith("unk__")
 
 
 def _fmt(shape: Sequence[int | str | None]) -> str:

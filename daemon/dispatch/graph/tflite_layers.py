@@ -17,6 +17,10 @@ from edgepilot.formats import tflite_graph
 from edgepilot.formats.file_cache import per_file
 from edgepilot.formats.graph_node import Node
 
+# operators that only unpack a constant (fp16 weights -> fp32, a sparse weight -> dense): their
+# output is a weight of the operator reading it, never a tensor to cut at or hand over (XNNPACK
+# refuses a convolution whose weights arrive as a runtime input)
+WEIGHT_OPS = frozenset({"DEQUANTIZE", "DENSIFY"})
 _ITEMSIZE = {"FLOAT32": 4, "FLOAT16": 2, "INT32": 4, "UINT8": 1, "INT64": 8, "BOOL": 1,
              "INT16": 2, "INT8": 1, "FLOAT64": 8}
 
@@ -58,13 +62,24 @@ def read_tflite(path: Path, shapes: Mapping[str, tuple[int, ...]] | None = None
         name = tflite_graph._name(t)
         sizes[name] = math.prod(shapes_now[name]) * _ITEMSIZE.get(types.get(t.type, ""), 4)
     nodes: list[Node] = []
+    folded: dict[str, int] = {}  # unpacked weight -> bytes of the constant it unpacks
     for layer, op in zip(tflite_graph.layers(path), sg.operators or [], strict=True):
-        consts = [sg.tensors[i] for i in tflite_graph._ints(op.inputs)
-                  if i >= 0 and tflite_graph._is_const(model, sg.tensors[i])]
-        wbytes = sum(sizes[tflite_graph._name(t)] for t in consts)
+        tensors = [sg.tensors[i] for i in tflite_graph._ints(op.inputs) if i >= 0]
+        consts = [t for t in tensors if tflite_graph._is_const(model, t)]
+        reads = [tflite_graph._name(t) for t in tensors]
+        wbytes = sum(sizes[tflite_graph._name(t)] for t in consts) + sum(
+            folded[t] for t in reads if t in folded)
+        if layer.op in WEIGHT_OPS and all(t in folded for t in layer.inputs):
+            folded.update({o: wbytes for o in layer.outputs})
+            continue  # cut() takes it along with the operator that reads its output
+        layer = tflite_graph.Layer(layer.index, layer.op,
+                                   tuple(t for t in layer.inputs if t not in folded),
+                                   layer.outputs)
+        weights = [list(shapes_now[tflite_graph._name(t)]) for t in tensors
+                   if (t in consts or tflite_graph._name(t) in folded)
+                   and len(shapes_now[tflite_graph._name(t)]) >= 2]
         out_elems = sum(math.prod(shapes_now[o]) for o in layer.outputs)
         flops = out_elems
-        weights = [_shape(t) for t in consts if len(_shape(t)) >= 2]
         if layer.op == "FULLY_CONNECTED" and weights:
             flops = 2 * out_elems * weights[0][-1]
         elif layer.op in ("CONV_2D", "DEPTHWISE_CONV_2D") and weights:

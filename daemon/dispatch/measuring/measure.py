@@ -69,12 +69,19 @@ MIN_TIMED_MS = 3.0
 MAX_RUNS = 300
 
 
+# early elimination: after this many timed runs, a candidate this many times slower than the
+# best one measured for the same layer cannot change the decision and is timed no further
+EARLY_RUNS = 3
+EARLY_FACTOR = 3.0
+
+
 def median_ms(fn: Callable[[], object], runs: int, warmup: int,
-              min_total_ms: float = 0.0) -> float:
+              min_total_ms: float = 0.0, bound_ms: float | None = None) -> float:
     """Median wall time of ``fn`` in ms after ``warmup`` untimed calls.
 
     ``min_total_ms`` adds runs (up to MAX_RUNS) until that much time was timed: a 20 µs layer
     timed 7 times is mostly timer and scheduler noise, timed 150 times its median is stable.
+    ``bound_ms``: stop after EARLY_RUNS runs whose median is over it (a loser stays a loser).
     """
     for _ in range(warmup):
         fn()
@@ -84,6 +91,9 @@ def median_ms(fn: Callable[[], object], runs: int, warmup: int,
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        if (bound_ms is not None and len(times) >= EARLY_RUNS
+                and statistics.median(times) * 1e3 > bound_ms):
+            break
         if len(times) == want and min_total_ms > 0:
             total_ms = sum(times) * 1e3
             if total_ms < min_total_ms:
@@ -98,6 +108,44 @@ def copy_bandwidth(nbytes: int = 4 << 20, runs: int = 7) -> float:
     dst = np.empty_like(src)
     ms = median_ms(lambda: np.copyto(dst, src), runs, 1)
     return nbytes / max(ms, 1e-6)
+
+
+def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> str | None:
+    """The first output holding NaN/inf where the reference's same tensor holds none."""
+    for name, value in out.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            want = np.asarray(ref.get(name, np.zeros(1)))
+            if want.dtype.kind not in "fc" or np.isfinite(want).all():
+                return name
+    return None
+
+
+def _bound(row: Mapping[str, Cell]) -> float | None:
+    """EARLY_FACTOR times the fastest timing in ``row`` so far (None: nothing timed yet)."""
+    timed = [c.ms for c in row.values() if c.ms is not None]
+    return EARLY_FACTOR * min(timed) if timed else None
+
+
+def exclusions(cells: list[dict[str, Cell]], whole: Mapping[str, Cell]) -> list[dict[str, Any]]:
+    """Every (layer range, target) that could not run, with its one-line reason: consecutive
+    layers failing on one target for one reason are one entry; the whole model is
+    ``[0, n)``."""
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(cells):
+        for target, cell in row.items():
+            if cell.ms is not None:
+                continue
+            prev = next((e for e in out if e["target"] == target and e["layers"][1] == i
+                         and e["reason"] == cell.reason), None)
+            if prev is not None:
+                prev["layers"][1] = i + 1
+            else:
+                out.append({"layers": [i, i + 1], "target": target, "reason": cell.reason})
+    n = len(cells)
+    out.extend({"layers": [0, n], "target": t, "reason": c.reason}
+               for t, c in whole.items() if c.ms is None and n > 1)
+    return out
 
 
 class Measurer:
@@ -142,8 +190,10 @@ class Measurer:
             self._ref_envs = envs
         return self._ref_envs
 
-    def measure(self, start: int, end: int, target: Target) -> Cell:
-        """Compile layers ``[start, end)`` on ``target``, time it and measure its error."""
+    def measure(self, start: int, end: int, target: Target,
+                bound_ms: float | None = None) -> Cell:
+        """Compile layers ``[start, end)`` on ``target``, time it and measure its error
+        (timing stops early once it is over ``bound_ms``: see :func:`median_ms`)."""
         backend = self.backends[target.backend]
         seg = self.part.segment(start, end)
         support = backend.supports(seg, target)
@@ -159,9 +209,14 @@ class Measurer:
             err = 0.0
             for env in envs:
                 out = exe.run(env)
+                bad = non_finite(out, env)
+                if bad:
+                    return Cell(None, reason=f"non-finite values in output {bad!r} where the "
+                                             "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
             feed = envs[0]
-            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS)
+            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS,
+                           bound_ms)
             return Cell(ms, err, exe.memory_bytes)
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
@@ -177,11 +232,16 @@ class Measurer:
         """
         if cell.ms is None:
             return
-        exe = self.compile(start, end, target)
+        try:
+            exe = self.compile(start, end, target)
+        except EdgepilotError:
+            return  # compiled once already: keep the first pass's timing
         try:
             feed = self.reference_envs()[0]
             cell.ms = min(cell.ms, median_ms(lambda: exe.run(feed), self.runs, self.warmup,
                                              MIN_TIMED_MS))
+        except EdgepilotError:
+            pass
         finally:
             exe.close()
 
@@ -200,15 +260,19 @@ class Measurer:
         for i, layer in enumerate(self.part.layers):
             row: dict[str, Cell] = {}
             for target in self.targets:
-                row[str(target)] = self.measure(i, i + 1, target)
+                row[str(target)] = self.measure(i, i + 1, target, _bound(row))
                 done += 1
                 if self.progress:
                     self.progress(done, total, f"{layer.name} on {target}")
             cells.append(row)
         for _ in range(1, self.passes):
             for i, row in enumerate(cells):
+                bound = _bound(row)
                 for target in self.targets:
-                    self.retime(i, i + 1, target, row[str(target)])
+                    cell = row[str(target)]
+                    if bound is None or (cell.ms or 0.0) <= bound:
+                        # a cell EARLY_FACTOR x slower than the layer's best cannot win it
+                        self.retime(i, i + 1, target, cell)
                     done += 1
                     if self.progress:
                         self.progress(done, total, f"{self.part.layers[i].name} on {target} "
@@ -235,7 +299,8 @@ class Measurer:
         whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
         return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
                             metric=self.metric,
-                            extra={"whole_ms": whole, "whole_error": whole_error})
+                            extra={"whole_ms": whole, "whole_error": whole_error,
+                                   "excluded": exclusions(cells, whole_cells)})
 
     def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
         """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""

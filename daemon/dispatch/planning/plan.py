@@ -32,6 +32,7 @@ from edgepilot.dispatch.planning.planner import (
     runner_up,
     solve,
 )
+from edgepilot.errors import PlanError
 
 # a layer never costs less than this share of its standalone time, whatever the overhead says
 _MIN_NET_SHARE = 0.05
@@ -207,9 +208,26 @@ class CostBuilder:
         plan once put transformer on fp32 (3.4x slower than int8) on this shared board.
         """
         table = self.table()
-        assign, _ = solve(table)
+        try:
+            assign, _ = solve(table)
+        except PlanError:
+            # some layer runs on no eligible target alone: the whole model, as a runtime runs
+            # the file, is always a candidate
+            whole = self.best_whole()
+            if whole is None:
+                raise
+            return [table.targets.index(whole)] * table.n_layers, \
+                float(self.profile.extra["whole_ms"][whole]), table
         assign = prefer_single(table, assign, self.split_margin)
         return assign, self.plan_ms(table, assign), table
+
+    def best_whole(self) -> str | None:
+        """The fastest target whose whole-model run is within tolerance (None: none is)."""
+        whole = self.profile.extra.get("whole_ms", {})
+        errors = self.profile.extra.get("whole_error", {})
+        ok = [t for t in self.profile.targets if t in whole and t not in self.excluded
+              and errors.get(t, 0.0) <= self.tolerance]
+        return min(ok, key=lambda t: whole[t]) if ok else None
 
     def eligible(self, i: int, target: str) -> bool:
         if target in self.excluded:
@@ -272,6 +290,12 @@ class Plan:
     uncalibrated_ms: float | None = None     # the same plan as the sum of its layers
     calibration: list[dict[str, Any]] = field(default_factory=list)
     signature: str = ""                      # the input shapes it is for
+    # (layer range, target) pairs that could not run, and why (the JSON key "excluded" is
+    # already the list of targets taken out after a fault); layers run with a neighbour
+    exclusions: list[dict[str, Any]] = field(default_factory=list)
+    merged: list[str] = field(default_factory=list)
+    versus_single: dict[str, Any] | None = None  # the split timed against one target
+    planning_s: float | None = None              # wall time prepare() took
 
     @property
     def hash(self) -> str:
@@ -293,6 +317,8 @@ class Plan:
             else round(self.uncalibrated_ms, 4),
             "calibration": self.calibration,
             "segments": [{"target": t, "layers": [s, e]} for t, s, e in self.segments],
+            "exclusions": self.exclusions, "merged": self.merged,
+            "versus_single": self.versus_single, "planning_s": self.planning_s,
             "layers": self.layers,
         }
 
@@ -311,6 +337,12 @@ def segments_of(targets: list[str]) -> list[dict[str, Any]]:
 def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
     """Run the planner on the builder's current costs and describe the result."""
     assign, cost, table = builder.best()
+    return describe(name, builder, assign, cost, table, reason)
+
+
+def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
+             table: CostTable, reason: str) -> Plan:
+    """The :class:`Plan` of one assignment (target index per layer) on ``table``."""
     names = [table.targets[t] for t in assign]
     layers = []
     for i, t in enumerate(assign):
@@ -331,7 +363,9 @@ def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
         })
     segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
     raw = plan_cost(table, assign)
+    extra = builder.profile.extra
     return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
-                uncalibrated_ms=raw, calibration=builder.calibration.summary(
-                    segments, len(builder.part.layers)),
-                signature=signature_of(builder.part.shapes))
+                uncalibrated_ms=raw if raw < float("inf") else None,
+                calibration=builder.calibration.summary(segments, len(builder.part.layers)),
+                signature=signature_of(builder.part.shapes),
+                exclusions=list(extra.get("excluded", [])), merged=list(extra.get("merged", [])))

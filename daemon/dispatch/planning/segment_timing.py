@@ -41,7 +41,9 @@ def time_new_segments(b: CostBuilder, part: Partition, plan: Plan, compiled: Com
     b.record([(segs[k].target, segs[k].start, segs[k].end) for k in new],
              [best[k] for k in new], source="segment")
     table = b.table()
-    plan.predicted_ms = b.plan_ms(table, [table.targets.index(t) for t in plan.targets])
+    predicted = b.plan_ms(table, [table.targets.index(t) for t in plan.targets])
+    if predicted < float("inf"):  # inf: a whole-model plan of layers that fail alone
+        plan.predicted_ms = predicted
     plan.calibration = b.calibration.summary(plan.segments, len(part.layers))
     for seg in segs:
         seg.predicted_ms = b.segment_ms(table, table.targets.index(seg.target), seg.start,

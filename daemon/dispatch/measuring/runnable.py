@@ -1,0 +1,107 @@
+"""Before profiling: which target is the reference, and layers the reference runs alone.
+
+The reference is the model as its own runtime runs it: the first of the candidate targets
+(:func:`edgepilot.dispatch.targets.reference_targets`) that builds and runs the whole file. A
+file none of them runs is an :class:`UnrunnableModel` (HTTP 422, exit 2) in one line naming
+the file and what failed (for TFLite, the operator the interpreter could not resolve). Then
+every layer must run alone on the reference, since profiling feeds each layer the
+reference's own boundary tensors; a layer it cannot run alone is merged with its neighbour
+until it can (at worst the whole model, which it runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from edgepilot.backends.base import Backend, Target
+from edgepilot.dispatch.graph.partition import Partition, merge_layers
+from edgepilot.errors import EdgepilotError, UnrunnableModel
+
+log = logging.getLogger(__name__)
+Feed = dict[str, np.ndarray]
+
+
+def reference_for(part: Partition, backends: Mapping[str, Backend], targets: list[Target],
+                  feeds: Sequence[Feed]) -> tuple[Target, list[Feed], list[str]]:
+    """The reference target, its outputs on ``feeds``, and the layer merges it needed."""
+    from edgepilot.dispatch.targets import reference_targets
+
+    precision = "fp32"
+    if part.kind == "tflite":
+        from edgepilot.backends.tflite import file_precision
+
+        precision = file_precision(part.model_path)
+    ref, outputs = pick_reference(part, backends, reference_targets(targets, part.kind,
+                                                                    precision), feeds)
+    return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
+
+
+def pick_reference(part: Partition, backends: Mapping[str, Backend],
+                   candidates: Sequence[Target], feeds: Sequence[Feed]
+                   ) -> tuple[Target, list[Feed]]:
+    """The first candidate that runs the whole model, and its outputs on ``feeds``."""
+    reasons: list[tuple[str, str]] = []
+    for target in candidates:
+        backend = backends.get(target.backend)
+        if backend is None:
+            continue
+        try:
+            exe = backend.compile(part.segment(0, len(part.layers)), target)
+            try:
+                return target, [exe.run(dict(feed)) for feed in feeds]
+            finally:
+                exe.close()
+        except EdgepilotError as exc:
+            log.info("reference %s cannot run %s: %s", target, part.model_path.name,
+                     exc.message)
+            reasons.append((str(target), _strip(exc.message, part)))
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in reasons:
+        by_reason.setdefault(reason, []).append(name)
+    shown = "; ".join(f"{r} ({', '.join(ts)})" for r, ts in by_reason.items()) \
+        or "no target takes this kind of model"
+    raise UnrunnableModel(f"{part.model_path.name}: no runtime here runs this model: {shown}",
+                     field="model")
+
+
+def _strip(message: str, part: Partition) -> str:
+    """The reason in one line, without the 'could not build FILE on TARGET:' prefix the
+    error line already says."""
+    text = " ".join(message.split())
+    return re.sub(rf"^.*?{re.escape(part.model_path.name)} on \S+: ", "", text)[:300]
+
+
+def runnable_layers(part: Partition, backend: Backend, reference: Target,
+                    feed: Feed) -> list[str]:
+    """Merge (in place) every layer the reference cannot run alone with a neighbour; one line
+    per merge saying why (kept in the plan's exclusions)."""
+    notes: list[str] = []
+    env = dict(feed)
+    i = 0
+    while i < len(part.layers) and len(part.layers) > 1:
+        try:
+            exe = backend.compile(part.segment(i, i + 1), reference)
+            try:
+                out = exe.run({k: env[k] for k in exe_inputs(part, i)})
+            finally:
+                exe.close()
+        except EdgepilotError as exc:
+            first = i if i + 1 < len(part.layers) else i - 1
+            notes.append(f"layer {i} runs with its neighbour: {reference} cannot run it "
+                         f"alone: {exc.message}")
+            merge_layers(part, first)
+            if first < i:  # the merged layer starts earlier: its inputs come from the start
+                env, i = dict(feed), 0
+            continue
+        env.update(out)
+        i += 1
+    return notes
+
+
+def exe_inputs(part: Partition, i: int) -> tuple[str, ...]:
+    """The tensors layer ``i`` reads (the model's own inputs for a one-layer model)."""
+    return part.segment(i, i + 1).inputs

@@ -1,0 +1,109 @@
+"""A plan never loses: a split plan is timed against the best single whole-model target before
+it is served.
+
+Predictions rest on layer timings and measured hop costs, and on a sub-millisecond model the
+bookkeeping between segments can outweigh what a split gains. So a plan of several segments is
+timed end to end next to the whole model on the fastest single target whose whole-model output
+is within tolerance, interleaved in the same window (each round runs both, in alternating
+order, a burst of calls each, as ``bench`` does), and kept only when the median over rounds of
+``single / plan`` exceeds ``1 + margin`` and the rounds' spread. Otherwise the single target is
+the plan, and its ``reason`` says what was measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgepilot.backends.base import Backend, Target
+from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
+from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan, describe
+from edgepilot.errors import EdgepilotError
+
+Runner = Callable[[dict[str, np.ndarray]], object]
+ROUNDS = 9
+BURST_MS = 3.0   # timed wall time a burst aims at (at least one call)
+MAX_CALLS = 50
+
+
+@dataclass
+class Verdict:
+    """What the side-by-side timing found."""
+
+    plan_ms: float
+    single_ms: float
+    ratio: float          # median over rounds of single / plan (> 1: the plan is faster)
+    noise: float          # half the spread (interquartile) of the per-round ratios
+    keep_plan: bool
+
+
+def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int) -> float:
+    fn(feed)  # untimed: brings this variant's weights back into cache
+    ts = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn(feed)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: float,
+           rounds: int = ROUNDS) -> Verdict:
+    """Time ``plan`` and ``single`` side by side; keep the plan only when it wins beyond
+    ``margin`` and the noise of the rounds."""
+    t0 = time.perf_counter()
+    plan(feed)
+    one = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    calls = max(1, min(MAX_CALLS, int(BURST_MS / one)))
+    p_times: list[float] = []
+    s_times: list[float] = []
+    for r in range(rounds):
+        order = [(plan, p_times), (single, s_times)]
+        for fn, into in (order if r % 2 == 0 else order[::-1]):
+            into.append(_burst(fn, feed, calls))
+    ratios = sorted(s / p for s, p in zip(s_times, p_times, strict=True))
+    ratio = statistics.median(ratios)
+    q = max(1, len(ratios) // 4)
+    noise = (ratios[-q - 1] - ratios[q]) / 2 if len(ratios) > 2 * q else 0.0
+    keep = ratio > 1.0 + max(margin, noise)
+    return Verdict(statistics.median(p_times), statistics.median(s_times), ratio, noise, keep)
+
+
+def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
+                   compiled: CompiledPlan, backends: Mapping[str, Backend],
+                   feed: dict[str, np.ndarray], margin: float,
+                   check: Callable[[CompiledPlan], float]
+                   ) -> tuple[Plan, CompiledPlan] | None:
+    """The best single target's plan when the split ``plan`` does not beat it side by side
+    (None: keep ``plan``; its ``versus_single`` records the timing either way)."""
+    target = builder.best_whole()
+    if len(plan.segments) < 2 or target is None or margin < 0:
+        return None  # a negative margin keeps any split (tests pinning one)
+    t, n = Target.parse(target), len(part.layers)
+    whole = part.segment(0, n)
+    try:
+        exe = backends[t.backend].compile(whole, t)
+    except (EdgepilotError, KeyError):
+        return None
+    whole_ms = float(builder.profile.extra.get("whole_ms", {}).get(target, plan.predicted_ms))
+    single = CompiledPlan([CompiledSegment(target, 0, n, whole, exe, whole_ms)], part.outputs)
+    v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin)
+    record = {"target": target, "plan_ms": round(v.plan_ms, 4),
+              "single_ms": round(v.single_ms, 4), "ratio": round(v.ratio, 3),
+              "noise": round(v.noise, 3), "kept": "plan" if v.keep_plan else "single"}
+    plan.versus_single = record
+    if v.keep_plan:
+        exe.close()
+        return None
+    table = builder.table()
+    out = describe(name, builder, [table.targets.index(target)] * n, whole_ms, table,
+                   f"single target {target}: the {len(plan.segments)}-segment plan measured "
+                   f"{v.plan_ms:.3f} ms against {v.single_ms:.3f} ms whole, side by side "
+                   f"(x{v.ratio:.3f}, noise {v.noise:.3f}): not faster beyond the noise")
+    out.error, out.measured_ms, out.versus_single = check(single), v.single_ms, record
+    return out, single

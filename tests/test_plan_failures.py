@@ -1,0 +1,162 @@
+"""A failing (segment, target) pair is a planning fact, never an abort (issue 16), on real
+TFLite exports shipped in registry packages:
+
+- fp16-weight files (``DEQUANTIZE`` feeding each convolution): the unpacked weights stay with
+  the operator reading them, so every layer runs on XNNPACK;
+- a custom op the interpreter's default resolver registers (MediaPipe's selfie segmentation,
+  ``Convolution2DTransposeBias``): the target without it is excluded where the op is, with the
+  reason in the plan's ``exclusions``, and the plan serves within tolerance of the raw runtime;
+- a custom op no runtime resolves (face landmarks with attention): ``plan`` exits 2 with one
+  line naming the file and the op, the daemon answers 422 and keeps serving other models;
+- files that are not models: exit 2, one line naming the file;
+- unnamed ONNX dims (``?``, ``unk__N``) are each their own unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from daemon_proc import DaemonProcess
+from real_models import UNRUNNABLE, by_name
+
+from edgepilot.backends.base import TensorSpec
+from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.graph.signature import resolve_shapes
+from edgepilot.errors import PlanError
+
+CONFIG = """
+[dispatch]
+profile_runs = 3
+warmup_runs = 1
+profile_passes = 1
+calibration_inputs = 1
+kernel_corpus = false
+[mqtt]
+enabled = false
+"""
+
+
+def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cfg = tmp / "edgepilot.toml"
+    cfg.write_text(CONFIG)
+    return subprocess.run(
+        [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir", str(tmp / "st"),
+         *args], capture_output=True, text=True, timeout=600, check=False)
+
+
+def encode(feed: dict[str, np.ndarray]) -> dict[str, object]:
+    return {"inputs": {n: {"data": a.ravel().tolist(), "dtype": str(a.dtype),
+                           "shape": list(a.shape)} for n, a in feed.items()}}
+
+
+def raw_tflite(path: Path, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(path))
+    interp.allocate_tensors()
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], feed[d["name"]])
+    interp.invoke()
+    return {d["name"]: interp.get_tensor(d["index"]).copy()
+            for d in interp.get_output_details()}
+
+
+def test_fp16_weights_stay_with_the_operator_that_reads_them() -> None:
+    model = by_name("mp-face-detection")
+    part = partition(model.path)
+    assert len(part.layers) > 1
+    assert not any(n.op == "DEQUANTIZE" for n in part.nodes)
+    # every cut hands over one activation, never a weight
+    assert all(len(lay.inputs) == 1 for lay in part.layers), [lay.inputs for lay in part.layers]
+    # and a convolution's weight bytes are counted with it
+    assert all(lay.weight_bytes > 0 for lay in part.layers if "CONV_2D" in lay.op_types)
+
+
+def test_a_custom_op_only_xnnpack_runs_is_an_exclusion_and_the_plan_serves(
+        tmp_path: Path) -> None:
+    model = by_name("selfie-segmentation")
+    res = cli(tmp_path, "plan", str(model.path), "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert "Traceback" not in res.stderr
+    cpu = [e for e in plan["exclusions"] if e["target"] == "tflite/cpu/fp32"]
+    assert cpu, plan["exclusions"]
+    assert all("Convolution2DTransposeBias" in e["reason"] and "\n" not in e["reason"]
+               for e in cpu)
+    # the layer holding the op never runs on the target that cannot resolve it
+    n = len(plan["layers"])
+    for e in cpu:
+        if e["layers"] != [0, n]:
+            assert all(plan["layers"][i]["target"] != "tflite/cpu/fp32"
+                       for i in range(*e["layers"]))
+    assert plan["error"] is not None and plan["error"] <= plan["tolerance"]
+
+
+def test_a_file_no_runtime_runs_exits_2_with_one_line_naming_file_and_op(
+        tmp_path: Path) -> None:
+    model = UNRUNNABLE[0]
+    res = cli(tmp_path, "plan", str(model.path))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert model.path.name in lines[0] and "Landmarks2TransformMatrix" in lines[0]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-a-model"])
+def test_a_broken_file_exits_2_with_one_line_naming_it(tmp_path: Path, damage: str) -> None:
+    src = by_name("selfie-segmentation").path.read_bytes()
+    bad = tmp_path / f"{damage}.tflite"
+    bad.write_bytes(src[: len(src) // 3] if damage == "truncated" else b"hello " * 100)
+    res = cli(tmp_path, "plan", str(bad))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and bad.name in lines[0], res.stderr
+
+
+def test_the_daemon_answers_422_for_an_unrunnable_model_and_keeps_serving(
+        tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(UNRUNNABLE[0].path, models / "attention.tflite")
+    good = by_name("iris-landmark")
+    shutil.copy(good.path, models / "iris.tflite")
+    d = DaemonProcess(tmp_path, CONFIG + f'[daemon]\nmodel_dir = "{models}"\n',
+                      extra_args=["--model-dir", str(models)]).start(timeout=120)
+    try:
+        code, err = d.request("POST", "/v1/infer/attention",
+                              encode({"input_1": np.zeros((1, 192, 192, 3), np.float32)}),
+                              timeout=120)
+        assert code == 422, err
+        assert err["error"]["code"] == "model_unrunnable"
+        assert "Landmarks2TransformMatrix" in err["error"]["message"]
+        assert "attention.tflite" in err["error"]["message"]
+        feed = {"input_1": np.random.default_rng(0).uniform(0, 1, (1, 64, 64, 3))
+                .astype(np.float32)}
+        code, ok = d.request("POST", "/v1/infer/iris", encode(feed), timeout=120)
+        assert code == 200, ok
+        want = raw_tflite(good.path, feed)
+        for name, ref in want.items():
+            got = np.asarray(ok["outputs"][name]["data"], np.float32).reshape(ref.shape)
+            assert np.allclose(got, ref, rtol=1e-4, atol=1e-5)
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("unnamed", ["?", "", "unk__12", "-1"])
+def test_unnamed_dims_are_each_their_own_unknown(unnamed: str) -> None:
+    specs = [TensorSpec("a", "float32", (1, unnamed, 8)),
+             TensorSpec("x", "float32", (1, 3, unnamed))]
+    shapes = resolve_shapes("m", specs, {"a": [1, 48, 8], "x": [1, 3, 192]})
+    assert shapes == {"a": (1, 48, 8), "x": (1, 3, 192)}
+
+
+def test_a_named_dim_is_still_shared() -> None:
+    specs = [TensorSpec("a", "float32", (1, "seq")), TensorSpec("x", "float32", (1, "seq"))]
+    with pytest.raises(PlanError, match="'seq' is 48 in one input and 192 in 'x'"):
+        resolve_shapes("m", specs, {"a": [1, 48], "x": [1, 192]})
