@@ -118,6 +118,7 @@ SWITCH = {"type": "object", "additionalProperties": False, "required": ["device"
                          "level": {"type": "integer", "minimum": 0, "maximum": 100}}}
 
 
+@pytest.mark.timeout(900)  # twenty generations: minutes on a loaded 2-core machine
 def test_twenty_schema_answers_in_a_row_validate(client: ollama.Client) -> None:
     prompt = [{"role": "user", "content": "Turn on the kitchen light. Answer in JSON."}]
     for i in range(20):

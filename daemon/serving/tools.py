@@ -9,9 +9,10 @@ every Ollama request with tools) allows a call or a plain-text answer that does 
 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
 through its template, and the conversation's tool calls and tool results as they are. Any other
-model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, added to the
-system message; its earlier calls are written back as that JSON and tool results become user
-messages ``Result of <tool>: ...``, which every template can render.
+model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, at the start of
+the last user message (small models follow it there, not in the system prompt); its earlier
+calls are written back as that JSON and tool results become user messages
+``Result of <tool>: ...``, which every template can render.
 """
 
 from __future__ import annotations
@@ -110,7 +111,12 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
             out.append({"role": "assistant", "content": "\n".join(calls)})
         else:
             out.append({"role": m["role"], "content": m.get("content") or ""})
-    if out and out[0]["role"] == "system":
+    # small models follow an instruction in the user's turn far more than one in the system
+    # prompt: the tools open the last user message (else they go in the system message)
+    last = max((i for i, m in enumerate(out) if m["role"] == "user"), default=None)
+    if last is not None:
+        out[last] = {"role": "user", "content": f"{text}\n\n{out[last]['content']}"}
+    elif out and out[0]["role"] == "system":
         out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}"}
     else:
         out.insert(0, {"role": "system", "content": text})
