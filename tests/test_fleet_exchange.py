@@ -142,3 +142,19 @@ def test_a_second_dispatcher_adopts_instead_of_measuring(tmp_path: Path) -> None
     assert body["reason"] == "fleet" and body["from_cache"]
     assert body["segments"] == doc["plan"]["segments"]
     assert [e["type"] for e in emit.events] == ["plan.adopted"] and not published
+
+
+def test_the_mqtt_side_reads_only_plan_topics_and_refuses_oversize_ones() -> None:
+    import asyncio
+
+    from edgepilot.mqtt.plan_share import PlanShare
+
+    emit = Recorded()
+    ex = PlanExchange(lambda parts: "f" * 16, emit=emit, wait_s=0)
+    share = PlanShare(ex, "p", parts=dict, run_blocking=asyncio.to_thread, max_bytes=100)
+    assert not share.on_message("p/dev1/cmd/status", b"{}")  # a command: not ours
+    assert share.on_message(f"p/fleet/plans/{'f' * 16}/{'0' * 64}/x", b"{" * 101)
+    assert share.on_message("p/fleet/plans/only/two", b"{}")
+    assert [e["reason"].split(",")[0] for e in emit.events] == [
+        "101 bytes", "not a plan topic: <prefix>/fleet/plans/<fingerprint>/<model sha256>/"
+                     "<signature>"]

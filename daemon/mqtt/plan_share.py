@@ -30,9 +30,12 @@ class PlanShare:
     """The MQTT side of a :class:`PlanExchange`; runs on the daemon loop."""
 
     def __init__(self, exchange: PlanExchange, prefix: str, *,
-                 parts: Callable[[], Mapping[str, Any]], run_blocking: RunBlocking) -> None:
+                 parts: Callable[[], Mapping[str, Any]], run_blocking: RunBlocking,
+                 max_bytes: int = 4 * 1024 * 1024) -> None:
         """``parts``: what the board's fingerprint is computed from now (the dispatcher's key
-        parts: DVFS profile, runtimes), read off the loop."""
+        parts: DVFS profile, runtimes), read off the loop; ``max_bytes``: the largest plan
+        message read (``[mqtt] max_payload_bytes``; it is parsed on the loop)."""
+        self.max_bytes = max_bytes
         self.exchange = exchange
         self.base = f"{prefix}/fleet/plans"
         self.parts = parts
@@ -93,6 +96,10 @@ class PlanShare:
         if len(levels) != 3 or not all(levels):
             self.exchange.reject(topic, "not a plan topic: <prefix>/fleet/plans/<fingerprint>/"
                                         "<model sha256>/<signature>")
+            return True
+        if len(payload) > self.max_bytes:
+            self.exchange.reject(topic, f"{len(payload)} bytes, over the {self.max_bytes}-byte "
+                                        "limit ([mqtt] max_payload_bytes)")
             return True
         self.exchange.offer(topic, levels[0], levels[1], levels[2], payload)
         return True

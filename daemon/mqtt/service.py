@@ -261,7 +261,7 @@ def attach(config: Config, *, events: EventBus, commands: CommandRegistry,
     plans = None
     if plan_exchange is not None and plan_parts is not None:
         plans = PlanShare(plan_exchange, config.mqtt.topic_prefix, parts=plan_parts,
-                          run_blocking=run_blocking)
+                          run_blocking=run_blocking, max_bytes=config.mqtt.max_payload_bytes)
     service = MqttService(config, events=events, commands=commands, serving=serving,
                           status=status, telemetry=telemetry, run_blocking=run_blocking,
                           plans=plans)

@@ -92,11 +92,20 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         return None
     whole_ms = float(builder.profile.extra.get("whole_ms", {}).get(target, plan.predicted_ms))
     single = CompiledPlan([CompiledSegment(target, 0, n, whole, exe, whole_ms)], part.outputs)
-    v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin)
+    # the verdict on this very split is kept with the profile: a restart or a plan from the
+    # cache serves what was decided, not what one more noisy timing would say
+    segments = [list(seg) for seg in plan.segments]
+    prior = builder.profile.extra.get("versus")
+    if prior and prior.get("segments") == segments and prior.get("target") == target:
+        v = Verdict(prior["plan_ms"], prior["single_ms"], prior["ratio"], prior["noise"],
+                    prior["kept"] == "plan")
+    else:
+        v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin)
     record = {"target": target, "plan_ms": round(v.plan_ms, 4),
               "single_ms": round(v.single_ms, 4), "ratio": round(v.ratio, 3),
               "noise": round(v.noise, 3), "kept": "plan" if v.keep_plan else "single"}
     plan.versus_single = record
+    builder.profile.extra["versus"] = {**record, "segments": segments}
     if v.keep_plan:
         exe.close()
         return None
