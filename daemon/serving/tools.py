@@ -10,7 +10,7 @@ every Ollama request with tools) allows a call or a plain-text answer that does 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
 through its template, and the conversation's tool calls and tool results as they are. Any other
 model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, at the start of
-the last user message (small models follow it there, not in the system prompt); its earlier
+the last user message (small models follow it there more than in a system prompt); its earlier
 calls are written back as that JSON and tool results become user messages
 ``Result of <tool>: ...``, which every template can render.
 """
