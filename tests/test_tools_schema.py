@@ -16,6 +16,10 @@ import pytest
 from daemon_proc import DaemonProcess
 from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401
 
+# grammar-constrained generation samples against the grammar token by token: on a loaded
+# 2-core machine a test here takes minutes
+pytestmark = pytest.mark.timeout(900)
+
 
 def _tool(name: str, what: str) -> dict[str, Any]:
     return {"type": "function", "function": {
