@@ -98,7 +98,7 @@ class BatchEngine:
         self._free = list(range(n_seq - 1, -1, -1))
         self._closing = False
         self._closed = False
-        # instrumentation, for status and tests: the most sequences one decode held, steps run
+        # instrumentation, for status and tests: the most sequences one decode held, decodes run
         self.max_batch_seqs = 0
         self.steps = 0
         self._driver = threading.Thread(target=self._drive, name="llama.cpp-batch", daemon=True)
@@ -291,6 +291,7 @@ class BatchEngine:
             b.logits[i] = i == len(chunk) - 1
         b.n_tokens = len(chunk)
         rc = int(self._llama_cpp.llama_decode(self.ctx.ctx, b))
+        self.steps += 1
         if rc != 0:
             raise BackendError(f"llama.cpp could not decode a prompt of {len(chunk)} tokens "
                                f"(llama_decode returned {rc})", field="model")

@@ -80,6 +80,12 @@ class LlamaExecutable(GenerativeExecutable):
     def memory_bytes(self) -> int:
         return self.info.estimate_bytes(self.n_ctx, self.kv_type)
 
+    @property
+    def progress(self) -> int:
+        """llama_decode calls done so far: it grows while the model computes (the worker's
+        heartbeat carries it; a count that stops with requests in flight is a hang)."""
+        return int(getattr(self.llm, "steps", 0))
+
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` from an empty context; return the last position's logits."""
         if "tokens" not in inputs:

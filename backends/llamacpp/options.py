@@ -48,6 +48,12 @@ class LlamacppSection(BackendOptions):
                     "version or KV setting is ignored.")
     prefix_cache_spill_bytes: int = Field(
         1 << 30, ge=0, description="Disk the spilled KV states may take, oldest out first.")
+    hang_timeout_s: float = Field(
+        120.0, ge=0, le=86_400,
+        description="A worker with requests in flight that makes no decode step for this long "
+                    "(or 50 times its slowest step seen, if longer) is hung: killed and "
+                    "restarted, its requests fail naming the hang (isolation = 'process'; "
+                    "0 = never).")
     isolation: Isolation = Field(
         "process",
         description="Where a served GGUF runs: 'process' = in a worker process "

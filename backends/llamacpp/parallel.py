@@ -175,6 +175,11 @@ class LlamaBatchExecutable(LlamaExecutable):
                 self.n_ctx = int(self.llm.n_ctx())  # the context llama.cpp made
             return self._engine
 
+    @property
+    def progress(self) -> int:
+        engine = self._engine
+        return super().progress + (engine.steps if engine is not None else 0)
+
     def _step_guard(self) -> StepGuard | None:
         return self.step_guard
 

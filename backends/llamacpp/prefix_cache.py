@@ -158,6 +158,7 @@ class PrefixCache:
             return
         llama_cpp = _llama_cpp()
         ctx = llm._ctx.ctx
+        llm._ctx.kv_cache_seq_rm(-1, len(tokens), -1)  # cells past n_tokens are never read
         size = int(llama_cpp.llama_state_seq_get_size(ctx, 0))
         if size <= 0 or size > self.max_bytes:
             return

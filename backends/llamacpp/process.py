@@ -7,9 +7,11 @@ the worker asks for runs while the daemon holds the device (see :mod:`.worker`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import pickle
 import queue
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,6 +20,11 @@ from edgepilot.backends.workers.exits import WorkerCrashed
 from edgepilot.backends.workers.link import WorkerLink
 from edgepilot.errors import BackendError
 
+log = logging.getLogger(__name__)
+# a busy worker is hung after this many times its slowest decode step without one (at least
+# [backends.llamacpp] hang_timeout_s); the watchdog looks every WATCH_S
+HANG_FACTOR = 50.0
+WATCH_S = 0.25
 # how long loading may take (a model on a slow SD card, a big GPU offload) before it is killed
 LOAD_TIMEOUT_S = 600.0
 StepGuard = Callable[[], AbstractContextManager[None]]
@@ -32,12 +39,22 @@ class WorkerProcess(WorkerLink):
     def __init__(self, model: str, options: dict[str, Any], guard: Callable[[], StepGuard | None],
                  on_death: Callable[[WorkerProcess], None]) -> None:
         self._guard = guard
+        # the hang watchdog: decode steps the worker reported, when they last grew, the
+        # slowest step seen; 0 = off
+        self.hang_min_s = float(options.get("settings", {}).get("hang_timeout_s", 0.0))
+        self._progress = 0
+        self._progress_at = time.monotonic()
+        self.slowest_step_s = 0.0
+        self._waiting_go = False
         # before the link starts its reader: a step may be asked for at once
         self._steps: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._step_done: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._guard_thread: threading.Thread | None = None
         super().__init__("llamacpp", model, options, on_death, runtime=RUNTIME,
                          load_timeout_s=LOAD_TIMEOUT_S)
+        if self.hang_min_s > 0:
+            threading.Thread(target=self._watch, name=f"llama-worker-{self.pid}-watchdog",
+                             daemon=True).start()
 
     # ---- requests ------------------------------------------------------------------------------
     def request(self, method: str, kwargs: dict[str, Any]
@@ -80,13 +97,55 @@ class WorkerProcess(WorkerLink):
 
     # ---- the reader's own messages -------------------------------------------------------------
     def _route(self, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "step":
+        if msg[0] == "beat":
+            self._beat(int(msg[1]))
+        elif msg[0] == "step":
             self._start_guard()
             self._steps.put(msg[1])
         elif msg[0] == "step_done":
             self._step_done.put(msg[1])
         else:
             super()._route(msg)
+
+    # ---- hang watchdog -------------------------------------------------------------------------
+    def _beat(self, steps: int) -> None:
+        now = time.monotonic()
+        if steps != self._progress:
+            if self.busy():
+                per_step = (now - self._progress_at) / max(1, steps - self._progress)
+                self.slowest_step_s = max(self.slowest_step_s, per_step)
+            self._progress, self._progress_at = steps, now
+
+    def busy(self) -> bool:
+        """Requests in flight that the worker itself must answer (not waiting for the
+        daemon's step guard)."""
+        with self._lock:
+            return bool(self.pending) and not self._waiting_go
+
+    def deadline_s(self) -> float:
+        """How long a busy worker may go without a decode step: HANG_FACTOR times the slowest
+        step it was seen take, at least ``hang_timeout_s`` (armed once a step was measured)."""
+        return max(self.hang_min_s, HANG_FACTOR * self.slowest_step_s)
+
+    def _watch(self) -> None:
+        while not self.dead.wait(WATCH_S):
+            now = time.monotonic()
+            if not self.busy() or self.slowest_step_s == 0:
+                # idle time is no silence; and before its first measured step (weights paged
+                # in from disk, a cold start under load) a worker has no deadline of its own
+                self._progress_at = now
+                continue
+            silent = now - self._progress_at
+            deadline = self.deadline_s()
+            if silent > deadline and not self.closing:
+                self.hung = (f"no decode step for {silent:.1f} s with {len(self.pending)} "
+                             f"request(s) in flight; deadline {deadline:.1f} s = the larger of "
+                             f"{HANG_FACTOR:.0f} x its slowest step "
+                             f"({self.slowest_step_s * 1e3:.0f} ms) and hang_timeout_s")
+                log.error("llama.cpp worker %d for %s hung: %s; killing it", self.pid,
+                          self.model, self.hung)
+                self.proc.kill()
+                return
 
     def _after_death(self) -> None:
         self._steps.put(None)
@@ -108,7 +167,10 @@ class WorkerProcess(WorkerLink):
             if token is None:
                 return
             factory = self._guard()
+            self._waiting_go = True  # the device may be held a while: not the worker's silence
             with factory() if factory is not None else contextlib.nullcontext():
+                self._waiting_go = False
+                self._progress_at = time.monotonic()
                 try:
                     self.send(("step_go", token))
                 except WorkerCrashed:

@@ -131,6 +131,7 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # prompt tokens the last generation found in the KV cache (not evaluated)
                 self.prompt_cached = 0
                 self.prefix_cache: PrefixCache | None = None
+                self.steps = 0  # llama_decode calls done (the hang watchdog's progress)
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
                 tokens = list(tokens)
@@ -143,6 +144,14 @@ def counting_llama(llama_cpp: Any) -> Any:
                 finally:
                     if cache is not None:
                         cache.dirty = True
+
+            def eval(self, tokens: Any) -> None:
+                # chunk by chunk, each counted: the watchdog's sign of progress (a long
+                # prompt is many steps, not one silent one)
+                tokens = list(tokens)
+                for i in range(0, len(tokens), self.n_batch):
+                    super().eval(tokens[i:i + self.n_batch])
+                    self.steps += 1
 
             def sample(self, *args: Any, **kwargs: Any) -> Any:
                 token = super().sample(*args, **kwargs)

@@ -12,7 +12,9 @@ parent -> worker: ``("open", options)`` once, then ``("call", rid, method, kwarg
 worker -> parent: ``("ready", facts)`` or ``("failed", error)``, then per request
 ``("chunk", rid, chunk)``\\*, ``("result", rid, value, observed)`` or ``("error", rid, error)``;
 ``("step", token)`` / ``("step_done", token)`` around each decode step of a parallel model
-while the parent's step guard is on (the parent holds its device for that step).
+while the parent's step guard is on (the parent holds its device for that step);
+``("beat", steps)`` every HEARTBEAT_S: llama_decode calls done so far (the daemon's hang
+watchdog).
 
 The receive loop is :class:`~edgepilot.backends.workers.serve_loop.WorkerLoop`'s: the worker
 ends when the daemon closes the connection or dies (the kernel closes a killed daemon's end:
@@ -26,6 +28,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -39,6 +42,8 @@ from edgepilot.backends.workers.serve_loop import WorkerLoop, run
 from edgepilot.errors import EdgepilotError
 
 log = logging.getLogger(__name__)
+# how often the worker tells the daemon how many decode steps it has done
+HEARTBEAT_S = 0.5
 
 
 class RelayGovernor:
@@ -85,11 +90,26 @@ class Worker(WorkerLoop):
         exe.governor = self.governor
         self.exe = exe
         self.set_guard(bool(options.get("guard")))
+        threading.Thread(target=self.beat, name="heartbeat", daemon=True).start()
         self.send(("ready", {
             "pid": os.getpid(), "n_ctx": exe.n_ctx, "n_threads": exe.n_threads,
             "n_gpu_layers": exe.n_gpu_layers, "max_concurrency": exe.max_concurrency,
             "target": str(exe.target), "memory_bytes": exe.memory_bytes,
             "n_vocab": exe.outputs[0].shape[0]}))
+
+    def beat(self) -> None:
+        """Tell the daemon how far llama.cpp got, every HEARTBEAT_S: the steps stop growing
+        when llama.cpp hangs (this thread runs on: ctypes calls release the GIL), and the beats
+        stop when the whole process does."""
+        while True:
+            time.sleep(HEARTBEAT_S)
+            exe = self.exe
+            if exe is None:
+                continue
+            try:
+                self.send(("beat", exe.progress))
+            except OSError:
+                return
 
     def set_guard(self, on: bool) -> None:
         assert self.exe is not None

@@ -61,6 +61,8 @@ class WorkerLink:
         self.returncode: int | None = None
         self.in_flight_lost = 0
         self.closing = False
+        # set (why) before a hung worker is killed: the fault then names the hang, not SIGKILL
+        self.hung: str | None = None
         self.started = time.monotonic()
         self.dead = threading.Event()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -152,9 +154,11 @@ class WorkerLink:
             self._route(msg)
         rc = self._reap()
         self.returncode = rc
+        ended = how_it_ended(rc, self._runtime) if self.hung is None else \
+            f"hung ({self.hung}) and was killed"
         fault = WorkerCrashed(
             f"the {self.label} worker for model {self.model!r} (pid {self.pid}) "
-            f"{how_it_ended(rc, self._runtime)}; the request on it is lost and the worker is "
+            f"{ended}; the request on it is lost and the worker is "
             "restarted — retry (the daemon log holds the worker's last words)", field="model")
         with self._lock:
             self.fault = fault
