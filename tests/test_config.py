@@ -94,3 +94,10 @@ def test_a_missing_sysfs_root_is_an_error_not_an_empty_board(tmp_path: Path) -> 
                            "profile", "status"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert f"sysfs root {tmp_path / 'typo'} is not a directory" in proc.stderr
+
+
+def test_models_preload_is_load_at_start() -> None:
+    lazy = parse_config({"models": [{"name": "a", "file": "a.gguf", "preload": False}]})
+    assert lazy.models[0].load_at_start is False
+    eager = parse_config({"models": [{"name": "a", "file": "a.gguf", "load_at_start": True}]})
+    assert eager.models[0].load_at_start is True

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import ollama
 import openai
 import pytest
 from daemon_proc import DaemonProcess
+from llama_cpp import Llama
 from models_fixtures import gguf_path, module_tmp, smollm2_gguf, start_daemon  # noqa: F401
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
@@ -116,6 +118,7 @@ SWITCH = {"type": "object", "additionalProperties": False, "required": ["device"
                          "level": {"type": "integer", "minimum": 0, "maximum": 100}}}
 
 
+@pytest.mark.timeout(900)  # twenty generations: minutes on a loaded 2-core machine
 def test_twenty_schema_answers_in_a_row_validate(client: ollama.Client) -> None:
     prompt = [{"role": "user", "content": "Turn on the kitchen light. Answer in JSON."}]
     for i in range(20):
@@ -179,3 +182,27 @@ def test_model_management_says_models_are_files(client: ollama.Client) -> None:
         client.chat(model="nope", messages=MESSAGES)
     assert missing.value.status_code == 404 and missing.value.error["field"] == "model"
 
+
+
+def test_embeddings_equal_llamacpp_mean_pooled(client: ollama.Client,
+                                               daemon: DaemonProcess) -> None:
+    texts = ["The kitchen light is on.", "Stock markets fell today."]
+    got = client.embed(model="smol", input=texts)
+    assert len(got.embeddings) == 2 and got.prompt_eval_count
+    ref = Llama(str(smollm2_gguf()), embedding=True, n_ctx=256, verbose=False)
+    try:
+        for text, vec in zip(texts, got.embeddings, strict=True):
+            tokens = np.asarray(ref.embed(text, normalize=False), dtype=np.float64)
+            want = tokens.mean(axis=0) if tokens.ndim == 2 else tokens
+            want /= np.linalg.norm(want)
+            assert len(vec) == len(want)
+            np.testing.assert_allclose(np.asarray(vec), want, atol=2e-3)
+    finally:
+        ref.close()
+    old = client.embeddings(model="smol", prompt=texts[0])
+    np.testing.assert_allclose(old.embedding, got.embeddings[0], atol=1e-6)
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+    data = oa.embeddings.create(model="smol", input=texts).data
+    np.testing.assert_allclose([d.embedding for d in data], got.embeddings, atol=1e-6)
+    # generation after embedding still answers as before (the context is back to generating)
+    assert client.generate(model="smol", prompt="hi", options={"num_predict": 3}).eval_count

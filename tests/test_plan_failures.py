@@ -126,6 +126,8 @@ def test_the_daemon_answers_422_for_an_unrunnable_model_and_keeps_serving(
     shutil.copy(UNRUNNABLE[0].path, models / "attention.tflite")
     good = by_name("iris-landmark")
     shutil.copy(good.path, models / "iris.tflite")
+    data = good.path.read_bytes()
+    (models / "truncated.tflite").write_bytes(data[: len(data) // 3])
     d = DaemonProcess(tmp_path, CONFIG + f'[daemon]\nmodel_dir = "{models}"\n',
                       extra_args=["--model-dir", str(models)]).start(timeout=120)
     try:
@@ -136,6 +138,12 @@ def test_the_daemon_answers_422_for_an_unrunnable_model_and_keeps_serving(
         assert err["error"]["code"] == "model_unrunnable"
         assert "Landmarks2TransformMatrix" in err["error"]["message"]
         assert "attention.tflite" in err["error"]["message"]
+        code, err = d.request("POST", "/v1/infer/truncated",
+                              encode({"input_1": np.zeros((1, 64, 64, 3), np.float32)}),
+                              timeout=120)
+        assert code == 422, err
+        assert "truncated.tflite" in err["error"]["message"]
+        assert "\n" not in err["error"]["message"]
         feed = {"input_1": np.random.default_rng(0).uniform(0, 1, (1, 64, 64, 3))
                 .astype(np.float32)}
         code, ok = d.request("POST", "/v1/infer/iris", encode(feed), timeout=120)

@@ -67,6 +67,10 @@ def test_human_output_and_errors(fake_board, tmp_path: Path) -> None:  # type: i
     out = cli(fake, state, "apply", "powersave").stdout
     assert "scaling_max_freq = 1900000" in out
     assert "active profile: powersave" in cli(fake, state, "status").stdout
+    # no Jetson tools configured nor installed, and not a Jetson: status does not mention them
+    status = cli(fake, state, "status", tools=False).stdout
+    assert "active profile: powersave" in status
+    assert "nvpmodel" not in status and "jetson_clocks" not in status
     err = cli(fake, state, "apply", "turbo", ok=False).stderr
     assert "unknown profile 'turbo'" in err and "allowed: balanced, performance, powersave" in err
     assert "restored" in cli(fake, state, "restore").stdout

@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -217,6 +217,39 @@ class LlamaExecutable(GenerativeExecutable):
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], self.llm)
         return out
+
+    can_embed = True
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised vector per text: the model's pooled output when its GGUF names a
+        pooling (an embedding model), else the mean of its last hidden states over the
+        text's tokens. The context computes embeddings for this call only (llama.cpp's
+        ``llama_set_embeddings``), so a generative model embeds without a second load."""
+        with self.lock:
+            return LLAMA_THREAD.call(self._embed, list(texts))
+
+    def _embed(self, texts: list[str]) -> list[list[float]]:
+        llama_cpp = import_llama_cpp()
+        llm = self.llm
+        was = bool(llm.context_params.embeddings)
+        llama_cpp.llama_set_embeddings(llm.ctx, True)
+        llm.context_params.embeddings = True
+        try:
+            out = []
+            for text in texts:
+                if not text:
+                    raise CommandError("an input to embed is empty", field="input")
+                with refused_as_bad_request("input"):
+                    vec = np.asarray(llm.embed(text, normalize=False), dtype=np.float64)
+                if vec.ndim == 2:  # one vector per token (no pooling): their mean
+                    vec = vec.mean(axis=0)
+                norm = float(np.linalg.norm(vec))
+                out.append((vec / norm if norm else vec).astype(float).tolist())
+            return out
+        finally:
+            llama_cpp.llama_set_embeddings(llm.ctx, was)
+            llm.context_params.embeddings = was
+            llm.n_tokens = 0  # the context now holds the last text: no prefix to reuse
 
     def close(self) -> None:
         with self.lock:

@@ -19,7 +19,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,12 @@ class LlamaWorkerExecutable(GenerativeExecutable):
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.worker().call_method("tokenize", text=text))
+
+    can_embed = True
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """The worker's :meth:`LlamaExecutable.embed`."""
+        return list(self.worker().call_method("embed", texts=list(texts)))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` in the worker; the last position's logits."""

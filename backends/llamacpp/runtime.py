@@ -231,9 +231,14 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None,
     prints exceptions and carries on.)"""
     if cancel is None:
         return params
+    # Under a grammar (structured output, tool calls) end-of-sequence is only allowed where the
+    # grammar ends: forced anywhere else, llama.cpp's grammar is left with no state and aborts
+    # the process. Such a generation goes on under its grammar to its end or max_tokens; a
+    # stream still stops at its next token (its consumer stops reading).
+    constrained = params.get("grammar") is not None
 
     def check(input_ids: Any, scores: Any) -> Any:
-        if cancel.is_set():
+        if cancel.is_set() and not constrained:
             scores[:] = -np.inf
             scores[eos] = 0.0
         return scores

@@ -181,6 +181,8 @@ class Worker(WorkerLoop):
                 value: Any = out
             elif method == "tokenize":
                 value = exe.tokenize(kwargs["text"])
+            elif method == "embed":
+                value = exe.embed(kwargs["texts"])
             elif method == "run":
                 value = exe.run(kwargs["inputs"])
             elif method == "set_threads":

@@ -85,7 +85,10 @@ def _human(verb: str, result: Any) -> str:
         for name, d in result["devfreq"].items():
             lines.append(f"  {name} [{d['kind']}] {d['governor']} "
                          f"{d['min_hz']}..{d['max_hz']} Hz (cur {d['cur_hz']})")
-        lines += _tool_lines(result["tools"])
+        # the Jetson tools are news only on a Jetson (or where a path was configured)
+        jetson = str(result["family"]).startswith("jetson")
+        lines += _tool_lines({n: t for n, t in result["tools"].items()
+                              if jetson or t["path"]})
         lim = (result.get("thermal") or {}).get("limits") or {}
         if lim.get("max_c") is not None:
             lines.append(f"  thermal: max {lim['max_c']} C on {', '.join(lim['zones']) or 'all'}"

@@ -228,10 +228,11 @@ class ModelDispatch:
                        for i, t in enumerate(plan.targets) if t != ref]
             if err <= self.opts.tolerance or not movable:
                 break
-            _, worst = max(movable)
-            log.info("plan for %s: error %.4f over tolerance %.4f; moving layer %d to %s",
-                     self.name, err, self.opts.tolerance, worst, ref)
-            self.builder.forced[worst] = ref
+            what = f"error {err:.4f} over tolerance {self.opts.tolerance}: layer {max(movable)[1]}"
+            log.info("plan for %s: %s moves to %s", self.name, what, ref)
+            if self.progress:  # a stopping daemon cancels here too
+                self.progress(0, 0, f"{what} back to the reference")
+            self.builder.forced[max(movable)[1]] = ref
         plan.error = err
         assert self.part is not None  # partitioned before any plan
         time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
@@ -244,11 +245,9 @@ class ModelDispatch:
         self.segment_ms = list(per_segment)
         single = single_instead(self.name, self.builder, self.part, plan, compiled,
                                 self.backends, self.calibration[0], self.opts.hysteresis,
-                                self.check_error)
-        if single is None:
-            return plan, compiled
-        self.segment_ms = [single[0].measured_ms or 0.0]
-        return single
+                                self.check_error, self.progress)
+        self.segment_ms = [single[0].measured_ms or 0.0] if single else self.segment_ms
+        return single or (plan, compiled)
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgepilot.errors import ModelError
+from edgepilot.errors import ModelError, UnrunnableModel
 from edgepilot.formats import tflite_graph
 from edgepilot.formats.file_cache import per_file
 from edgepilot.formats.spec import TensorSpec
@@ -50,7 +50,8 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError and friends
-        raise ModelError(f"{path.name} is not a readable ONNX model: {exc}", field="file") from None
+        raise UnrunnableModel(f"{path.name} is not a readable ONNX model: {exc}",
+                              field="file") from None
     inits = {i.name for i in model.graph.initializer}
 
     def spec(vi: onnx.ValueInfoProto) -> TensorSpec:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 
 class ModelEntry(BaseModel):
@@ -29,7 +29,13 @@ class ModelEntry(BaseModel):
     keep_alive_s: float = Field(300.0, ge=0, le=7 * 86400,
                                 description="Idle time before the model is unloaded.")
     n_ctx: int | None = Field(None, ge=16, le=1 << 20, description="GGUF context length.")
-    load_at_start: bool = Field(True, description="Load when the daemon starts.")
+    chat_template: Path | None = Field(
+        None, description="GGUF: a Jinja chat template file (relative to the model dir) used "
+                          "instead of the file's own or the one chosen for its architecture.")
+    load_at_start: bool = Field(
+        True, validation_alias=AliasChoices("load_at_start", "preload"),
+        description="Load when the daemon starts (also spelled preload); false: on the first "
+                    "request.")
     input_shapes: dict[str, list[int]] | None = Field(
         None, description="Input shapes to plan for, e.g. { x = [1, 3, 320, 320] } (needed "
         "for inputs with dynamic dims unless the first request sets them); each dim 1..2^24.")

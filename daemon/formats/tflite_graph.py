@@ -18,7 +18,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from edgepilot.errors import BackendError, ModelError
+from edgepilot.errors import BackendError, UnrunnableModel
 from edgepilot.formats.spec import Segment
 
 _cache_lock = threading.Lock()
@@ -42,14 +42,14 @@ def load(path: Path) -> Any:
             return _cache[key]
     data = path.read_bytes()
     if len(data) < 8 or data[4:8] != b"TFL3":
-        raise ModelError(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)",
-                         field="file")
+        raise UnrunnableModel(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)",
+                              field="file")
     try:
         model = schema().ModelT.InitFromPackedBuf(data, 0)
     except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
-        raise ModelError(f"{path.name} is not a readable TFLite model (truncated or damaged: "
-                         f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]})",
-                         field="file") from None
+        raise UnrunnableModel(f"{path.name} is not a readable TFLite model (truncated or "
+                              f"damaged: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:160]})", field="file") from None
     with _cache_lock:
         _cache.clear()  # one model at a time is enough; these are re-read rarely
         _cache[key] = model

@@ -77,7 +77,7 @@ def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
 # it stalls the loop for tens of milliseconds at most. Tensor bodies are parsed off the loop.
 GENERATION_MAX_BODY = 2 * 1024 * 1024
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
-                     "/api/embed", "/api/embeddings")
+                     "/api/embed", "/api/embeddings", "/v1/embeddings")
 
 
 class BodyLimit:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from edgepilot import __version__
@@ -60,9 +60,18 @@ class ModelsAreFiles(CommandError):
     http_status = 501
 
 
-# each body is read as a JSON object here and validated by ollama_request (400 naming the
-# field, as Ollama answers); OpenAPI documents it as an object
-Payload = Annotated[dict[str, Any], Body(description="Ollama's request object for this route.")]
+# Bodies are read here whatever their Content-Type (Ollama's own examples send JSON with
+# `curl -d`, i.e. as a form) and validated by ollama_request (400 naming the field, as Ollama
+# answers); OpenAPI documents each as a JSON object
+BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"type": "object", "description": "Ollama's request object for this route."}}}}}
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body() or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CommandError(f"request body is not valid JSON ({exc})", field="body") from None
 
 
 def _generator(request: Request) -> Generator:
@@ -144,10 +153,11 @@ async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stre
     return JSONResponse(last)
 
 
-@router.post("/api/chat", summary="Ollama chat (NDJSON stream unless stream is false)")
-async def chat(payload: Payload, request: Request) -> Any:
+@router.post("/api/chat", summary="Ollama chat (NDJSON stream unless stream is false)",
+             openapi_extra=BODY)
+async def chat(request: Request) -> Any:
     started = time.perf_counter_ns()
-    body = parse(ChatBody, payload)
+    body = parse(ChatBody, await _json(request))
     gen = _generator(request)
     name = model_name(gen, body.model)
     keep = keep_alive_seconds(body.keep_alive)
@@ -162,7 +172,8 @@ async def chat(payload: Payload, request: Request) -> Any:
         declared = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
                     for t in body.tools]
         template = await asyncio.get_running_loop().run_in_executor(
-            gen.executor, chat_template_of, gen.registry, name)
+            gen.executor, chat_template_of, gen.registry,
+            gen.adapter_in_name(name, {})[0])
         # Ollama has no tool_choice: the model calls a tool or answers in text
         tools = tool_request(messages, declared, "auto", template)
         messages = tools.messages
@@ -171,10 +182,11 @@ async def chat(payload: Payload, request: Request) -> Any:
                          chat=True, stream=body.stream)
 
 
-@router.post("/api/generate", summary="Ollama completion (NDJSON stream unless stream is false)")
-async def generate(payload: Payload, request: Request) -> Any:
+@router.post("/api/generate", summary="Ollama completion (NDJSON stream unless stream is false)",
+             openapi_extra=BODY)
+async def generate(request: Request) -> Any:
     started = time.perf_counter_ns()
-    body = parse(GenerateBody, payload)
+    body = parse(GenerateBody, await _json(request))
     gen = _generator(request)
     name = model_name(gen, body.model)
     keep = keep_alive_seconds(body.keep_alive)
@@ -201,28 +213,24 @@ async def _embed(request: Request, name: str, texts: list[str], keep: float | No
                  ) -> tuple[list[list[float]], int, int]:
     gen = _generator(request)
     load_ns = await load_timed(gen, name)
-    lm = await gen.registry.acquire(name)
-    try:
-        exe = lm.executable
-        if not isinstance(exe, GenerativeExecutable):
-            raise CommandError(f"model {name!r} is a tensor model; it computes no embeddings "
-                               "here", field="model")
-        vectors = await asyncio.get_running_loop().run_in_executor(gen.executor, exe.embed,
-                                                                   texts)
-        counts = sum(len(exe.tokenize(t)) for t in texts) if texts else 0
-    finally:
-        gen.registry.release(lm)
+    vectors, count = await gen.embed(name, texts)
     apply_keep_alive(gen, name, keep)
-    return vectors, load_ns, counts
+    return vectors, load_ns, count
 
 
-@router.post("/api/embed", summary="Ollama embeddings of one or more inputs")
-async def embed(payload: Payload, request: Request) -> Any:
+@router.post("/api/embed", summary="Ollama embeddings of one or more inputs",
+             openapi_extra=BODY)
+async def embed(request: Request) -> Any:
     started = time.perf_counter_ns()
-    body = parse(EmbedBody, payload)
+    body = parse(EmbedBody, await _json(request))
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     gen = _generator(request)
     name = model_name(gen, body.model)
+    if not any(texts):  # Ollama's way to load an embedding model
+        load_ns = await load_timed(gen, name)
+        apply_keep_alive(gen, name, keep_alive_seconds(body.keep_alive))
+        return {"model": name, "embeddings": [], "load_duration": load_ns,
+                "total_duration": time.perf_counter_ns() - started}
     vectors, load_ns, count = await _embed(request, name, texts,
                                            keep_alive_seconds(body.keep_alive))
     if body.dimensions is not None:
@@ -232,9 +240,10 @@ async def embed(payload: Payload, request: Request) -> Any:
             "prompt_eval_count": count}
 
 
-@router.post("/api/embeddings", summary="Ollama's older single-text embeddings")
-async def embeddings(payload: Payload, request: Request) -> Any:
-    body = parse(EmbeddingsBody, payload)
+@router.post("/api/embeddings", summary="Ollama's older single-text embeddings",
+             openapi_extra=BODY)
+async def embeddings(request: Request) -> Any:
+    body = parse(EmbeddingsBody, await _json(request))
     gen = _generator(request)
     name = model_name(gen, body.model)
     vectors, _, _ = await _embed(request, name, [body.prompt],
@@ -268,9 +277,10 @@ async def ps(request: Request) -> Any:
     return {"models": out}
 
 
-@router.post("/api/show", summary="Ollama's model details (template, architecture, context)")
-async def show(payload: Payload, request: Request) -> Any:
-    body = parse(ShowBody, payload)
+@router.post("/api/show", summary="Ollama's model details (template, architecture, context)",
+             openapi_extra=BODY)
+async def show(request: Request) -> Any:
+    body = parse(ShowBody, await _json(request))
     gen = _generator(request)
     given = body.model or body.name
     if not given:

@@ -14,6 +14,7 @@ from edgepilot.errors import ModelError
 from edgepilot.formats import files
 from edgepilot.formats.gguf_info import read_gguf_info
 from edgepilot.serving.generate import Generator
+from edgepilot.serving.templates import template_of
 
 
 def model_details(path: Path, kind: str) -> dict[str, Any]:
@@ -56,6 +57,7 @@ def tag_of(gen: Generator, item: dict[str, Any]) -> dict[str, Any]:
 def show_info(gen: Generator, model: files.ResolvedModel) -> dict[str, Any]:
     """Blocking: ``/api/show``'s answer for a GGUF model."""
     info = read_gguf_info(model.path)
+    tpl = template_of(model, gen.registry.config.model_dir)
     lm = gen.registry.loaded.get(model.name)
     n_ctx = model.entry.n_ctx or gen.registry.config.backends.llamacpp.n_ctx
     model_info: dict[str, Any] = {
@@ -70,7 +72,8 @@ def show_info(gen: Generator, model: files.ResolvedModel) -> dict[str, Any]:
     return {
         "modelfile": f"# served by edgepilot from {model.path.name}\nFROM {model.path}\n",
         "parameters": f"num_ctx {n_ctx}",
-        "template": info.chat_template or "",
+        "template": tpl.text if tpl.text is not None else info.chat_template or "",
+        "chat_template": tpl.describe(),
         "details": model_details(model.path, model.kind),
         "model_info": model_info,
         "capabilities": capabilities,

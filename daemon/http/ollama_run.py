@@ -75,6 +75,7 @@ class Run:
     usage: dict[str, int] = field(default_factory=dict)
     finish: str = "stop"
     tools: ToolRequest | None = None  # the answer may be a tool call: parsed when whole
+    base: str = ""  # the model loaded (name without its adapter)
 
     def timings(self, end: int) -> dict[str, Any]:
         return {"done_reason": self.finish,
@@ -90,12 +91,13 @@ async def start(gen: Generator, name: str, kind: Literal["chat", "complete"], pr
                 tools: ToolRequest | None = None) -> Run:
     """Load ``name`` and start its generation; errors before the first token raise here (a
     proper HTTP error, not a stream that fails)."""
-    load_ns = await load_timed(gen, name)
+    base = gen.adapter_in_name(name, dict(params))[0]  # "model:adapter" loads the model
+    load_ns = await load_timed(gen, base)
     asked = time.perf_counter_ns()
     items = await gen.generate(name, kind, prompt, params, stream=True)
     assert not isinstance(items, dict)
     return Run(name, kind, items, started, load_ns, asked, time.perf_counter_ns(), keep,
-               tools=tools if tools is not None and tools.active else None)
+               tools=tools if tools is not None and tools.active else None, base=base)
 
 
 def _tool_calls(deltas: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -186,7 +188,7 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
             else:
                 texts.append(value)
     finally:
-        apply_keep_alive(gen, run.name, run.keep)
+        apply_keep_alive(gen, run.base or run.name, run.keep)
     end = time.perf_counter_ns()
     last: dict[str, Any] = {"model": run.name, "created_at": now_iso(),
                             key: body("".join(texts), calls), "done": True,

@@ -15,19 +15,22 @@ completing a ``stop`` string is), so both equal what llama-cpp-python reports.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from edgepilot.command_registry import error_body
-from edgepilot.errors import CommandError
+from edgepilot.errors import CommandError, EdgepilotError
 from edgepilot.http.api import api_of
 from edgepilot.http.openai_tools import response_format_params, whole_as_chunks, with_tool_calls
 from edgepilot.serving.generate import Generator, StreamEnd
+from edgepilot.serving.templates import template_of
 from edgepilot.serving.tools import chat_template_of, tool_request
 
 router = APIRouter()
@@ -174,10 +177,26 @@ def _generator(request: Request) -> Generator:
 async def list_models(request: Request) -> dict[str, Any]:
     gen = _generator(request)
     created = int(api_of(request).started_at)
+    listing = gen.registry.listing()
+    templates = await asyncio.get_running_loop().run_in_executor(
+        gen.executor, _templates, gen, [m["name"] for m in listing if m.get("kind") == "gguf"])
     data = [{"id": m["name"], "object": "model", "created": created, "owned_by": "edgepilot",
-             "kind": m.get("kind"), "loaded": m["loaded"], "worker_pid": m.get("worker_pid")}
-            for m in gen.registry.listing()]
+             "kind": m.get("kind"), "loaded": m["loaded"], "worker_pid": m.get("worker_pid"),
+             **({"chat_template": templates[m["name"]]} if m["name"] in templates else {})}
+            for m in listing]
     return {"object": "list", "data": data}
+
+
+def _templates(gen: Generator, names: list[str]) -> dict[str, dict[str, str]]:
+    """Blocking: which chat template each GGUF model renders with (source and name)."""
+    out = {}
+    for name in names:
+        try:
+            model = gen.registry.catalog.resolve(name)
+            out[name] = template_of(model, gen.registry.config.model_dir).describe()
+        except EdgepilotError as exc:  # a broken file is listed with its error already
+            out[name] = {"source": "error", "name": exc.message}
+    return out
 
 
 @router.post("/v1/chat/completions", summary="OpenAI chat completion (GGUF models)")
@@ -190,7 +209,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
     if req.tools and req.tool_choice != "none":
         gen = _generator(request)
         template = await asyncio.get_running_loop().run_in_executor(
-            gen.executor, chat_template_of, gen.registry, req.model)
+            gen.executor, chat_template_of, gen.registry,
+            gen.adapter_in_name(req.model, {})[0])
         choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) \
             else req.tool_choice
         tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],
@@ -252,3 +272,28 @@ async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool
         yield "data: [DONE]\n\n"
     finally:
         await items.aclose()
+
+
+class EmbeddingRequest(_Strict):
+    model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
+    input: Text | list[Text] = Field(description="A text or up to 256 texts.")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: the little-endian float32 bytes, base64-encoded.")
+    dimensions: int | None = Field(None, ge=1, description="Keep the first N dimensions.")
+    user: str | None = Field(None, max_length=256)
+
+
+@router.post("/v1/embeddings", summary="OpenAI embeddings (GGUF models, L2-normalised)")
+async def embeddings(req: EmbeddingRequest, request: Request) -> Any:
+    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    if not 1 <= len(texts) <= 256:
+        raise CommandError(f"input has {len(texts)} texts; allowed 1..256", field="input")
+    vectors, tokens = await _generator(request).embed(req.model, texts)
+    if req.dimensions is not None:
+        vectors = [v[:req.dimensions] for v in vectors]
+    return {"object": "list", "model": req.model,
+            "data": [{"object": "embedding", "index": i,
+                      "embedding": v if req.encoding_format == "float" else base64.b64encode(
+                          np.asarray(v, dtype="<f4").tobytes()).decode("ascii")}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

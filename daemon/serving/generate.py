@@ -23,10 +23,12 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgepilot.backends.base import Executable, GenerativeExecutable
+from edgepilot.backends.base import EmbeddingsUnsupported, Executable, GenerativeExecutable
 from edgepilot.errors import BusyError, CommandError, NotFoundError
+from edgepilot.serving.chat_shape import chunks_as_chat, completion_as_chat
 from edgepilot.serving.devices import DeviceQueue, DeviceQueues
 from edgepilot.serving.registry import LoadedModel, ModelRegistry
+from edgepilot.serving.templates import render, template_of
 from edgepilot.telemetry.work import Request as WorkRequest
 from edgepilot.telemetry.work import WorkMeter
 
@@ -97,6 +99,15 @@ class Generator:
         if model.kind != "gguf":
             raise CommandError(f"model {name!r} is a {model.kind} tensor model; send tensors to "
                                f"POST /v1/infer/{name}", field="model")
+        as_chat = False
+        if kind == "chat":
+            tpl = await asyncio.get_running_loop().run_in_executor(
+                self.executor, template_of, model, self.registry.config.model_dir)
+            if tpl.rendered_here:  # a template llama.cpp does not have: the prompt is ours
+                params = dict(params)
+                prompt = render(tpl, prompt, params.pop("tools", None))
+                params["stop"] = [*(params.get("stop") or []), *tpl.stop]
+                kind, as_chat = "complete", True
         lm = await self.registry.acquire(name)
         exe = lm.executable
         if not isinstance(exe, GenerativeExecutable):
@@ -112,8 +123,41 @@ class Generator:
             self.work.end(work, ok=False)
             raise
         if not stream:
-            return await self._whole(lm, call, params, work, release)
-        return await self._stream(lm, call, params, work, release)
+            whole = await self._whole(lm, call, params, work, release)
+            return completion_as_chat(whole) if as_chat else whole
+        items = await self._stream(lm, call, params, work, release)
+        return chunks_as_chat(items) if as_chat else items
+
+    async def embed(self, name: str, texts: list[str]) -> tuple[list[list[float]], int]:
+        """One normalised vector per text from GGUF model ``name`` (its device held while it
+        computes), and the texts' token count; EmbeddingsUnsupported from a model that
+        cannot (one generating several sequences at once)."""
+        model = self.registry.catalog.resolve(name)
+        if model.kind != "gguf":
+            raise CommandError(f"model {name!r} is a {model.kind} tensor model; it computes "
+                               "no embeddings here", field="model")
+        lm = await self.registry.acquire(name)
+        try:
+            exe = lm.executable
+            if not isinstance(exe, GenerativeExecutable) or not exe.can_embed:
+                raise EmbeddingsUnsupported(
+                    f"model {name!r} cannot compute embeddings here (a model generating "
+                    "several sequences at once, [backends.llamacpp] parallel > 1, does not)",
+                    field="model")
+            loop = asyncio.get_running_loop()
+            work = self.work.begin(name)
+            ok = False
+            try:
+                async with self.devices.for_target(str(exe.target)).slot():
+                    vectors = await loop.run_in_executor(self.executor, exe.embed, texts)
+                    tokens = sum([len(await loop.run_in_executor(self.executor, exe.tokenize, t))
+                                  for t in texts])
+                ok = True
+            finally:
+                self.work.end(work, ok=ok)
+            return vectors, tokens
+        finally:
+            self.registry.release(lm)
 
     def adapter_in_name(self, name: str, params: dict[str, Any]
                         ) -> tuple[str, dict[str, Any]]:

@@ -114,9 +114,14 @@ class ModelRegistry:
     def listing(self) -> list[dict[str, Any]]:
         """Plain data for ``model.list`` and ``/v1/models``."""
         out = []
+        planned: dict[str, int] = {}  # models served through their plan's executables
+        for (model, _), size in self._plans():
+            planned[model] = planned.get(model, 0) + size
         for name, entry in sorted(self.catalog.entries().items()):
             item: dict[str, Any] = {"name": name, "file": str(entry.file), "kind": entry.kind,
-                                    "loaded": name in self.loaded}
+                                    "loaded": name in self.loaded or name in planned}
+            if name in planned:
+                item["plan_memory_bytes"] = planned[name]
             try:
                 item["kind"] = files.kind_of(entry)
             except ModelError as exc:

@@ -9,9 +9,10 @@ every Ollama request with tools) allows a call or a plain-text answer that does 
 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
 through its template, and the conversation's tool calls and tool results as they are. Any other
-model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, added to the
-system message; its earlier calls are written back as that JSON and tool results become user
-messages ``Result of <tool>: ...``, which every template can render.
+model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, at the start of
+the last user message (small models follow it there more than in a system prompt); its earlier
+calls are written back as that JSON and tool results become user messages
+``Result of <tool>: ...``, which every template can render.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from edgepilot.backends.llamacpp.grammar import grammar_of, schema_gbnf
 from edgepilot.errors import CommandError
 from edgepilot.formats.gguf_info import read_gguf_info
 from edgepilot.serving.registry import ModelRegistry
+from edgepilot.serving.templates import template_of
 
 GENERIC_PROMPT = (
     "You can call these tools (JSON Schema of each one's arguments):\n{tools}\n"
@@ -37,7 +39,10 @@ def chat_template_of(registry: ModelRegistry, name: str) -> str | None:
     """Blocking (reads the header once, then cached): the chat template model ``name``
     renders with (its GGUF's); None for a model without one or a tensor model."""
     model = registry.catalog.resolve(name)
-    return read_gguf_info(model.path).chat_template if model.kind == "gguf" else None
+    if model.kind != "gguf":
+        return None
+    tpl = template_of(model, registry.config.model_dir)
+    return read_gguf_info(model.path).chat_template if tpl.text is None else tpl.text
 
 
 def template_renders_tools(template: str | None) -> bool:
@@ -106,7 +111,12 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
             out.append({"role": "assistant", "content": "\n".join(calls)})
         else:
             out.append({"role": m["role"], "content": m.get("content") or ""})
-    if out and out[0]["role"] == "system":
+    # small models follow an instruction in the user's turn far more than one in the system
+    # prompt: the tools open the last user message (else they go in the system message)
+    last = max((i for i, m in enumerate(out) if m["role"] == "user"), default=None)
+    if last is not None:
+        out[last] = {"role": "user", "content": f"{text}\n\n{out[last]['content']}"}
+    elif out and out[0]["role"] == "system":
         out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}"}
     else:
         out.insert(0, {"role": "system", "content": text})

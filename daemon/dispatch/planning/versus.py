@@ -22,6 +22,7 @@ import numpy as np
 from edgepilot.backends.base import Backend, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan, describe
 from edgepilot.errors import EdgepilotError
 
@@ -53,7 +54,7 @@ def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int) -> float:
 
 
 def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: float,
-           rounds: int = ROUNDS) -> Verdict:
+           rounds: int = ROUNDS, progress: Progress | None = None) -> Verdict:
     """Time ``plan`` and ``single`` side by side; keep the plan only when it wins beyond
     ``margin`` and the noise of the rounds."""
     t0 = time.perf_counter()
@@ -63,6 +64,8 @@ def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: fl
     p_times: list[float] = []
     s_times: list[float] = []
     for r in range(rounds):
+        if progress:  # also where a stopping daemon cancels planning
+            progress(r + 1, rounds, "the plan against the best single target, side by side")
         order = [(plan, p_times), (single, s_times)]
         for fn, into in (order if r % 2 == 0 else order[::-1]):
             into.append(_burst(fn, feed, calls))
@@ -77,8 +80,8 @@ def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: fl
 def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                    compiled: CompiledPlan, backends: Mapping[str, Backend],
                    feed: dict[str, np.ndarray], margin: float,
-                   check: Callable[[CompiledPlan], float]
-                   ) -> tuple[Plan, CompiledPlan] | None:
+                   check: Callable[[CompiledPlan], float],
+                   progress: Progress | None = None) -> tuple[Plan, CompiledPlan] | None:
     """The best single target's plan when the split ``plan`` does not beat it side by side
     (None: keep ``plan``; its ``versus_single`` records the timing either way)."""
     target = builder.best_whole()
@@ -100,7 +103,8 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         v = Verdict(prior["plan_ms"], prior["single_ms"], prior["ratio"], prior["noise"],
                     prior["kept"] == "plan")
     else:
-        v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin)
+        v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin,
+                   progress=progress)
     record = {"target": target, "plan_ms": round(v.plan_ms, 4),
               "single_ms": round(v.single_ms, 4), "ratio": round(v.ratio, 3),
               "noise": round(v.noise, 3), "kept": "plan" if v.keep_plan else "single"}
