@@ -87,7 +87,7 @@ def ttft_http(client: openai.OpenAI, messages: list[dict[str, str]], model: str 
 def daemon(work: Path, path: Path, threads: int, extra: str = "",
            adapters: dict[str, Path] | None = None) -> Iterator[openai.OpenAI]:
     models = work / "models"
-    models.mkdir(exist_ok=True)
+    models.mkdir(parents=True, exist_ok=True)
     if not (models / "smol.gguf").exists():
         shutil.copy(path, models / "smol.gguf")
     entry = '[[models]]\nname = "smol"\nfile = "smol.gguf"\n'
