@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,9 @@ def two_device_plan(d: Daemon) -> ModelDispatch:
     n = len(md.builder.part.layers)
     assert n >= 2
     md.builder.forced.update({i: (CPU if i < n // 2 else NPU) for i in range(n)})
+    # a negative margin keeps the pinned split: the side-by-side check against one target
+    # would otherwise (rightly) serve a tiny MLP whole
+    md.opts = dataclasses.replace(md.opts, hysteresis=-1.0)
     _, plan = md.replan("test: two devices", force=True)
     assert [t for t, _, _ in plan.segments] == [CPU, NPU]
     RECORDER.reset()
