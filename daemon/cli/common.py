@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from edgepilot.config import Config, load_config, resolve_config_path
-from edgepilot.errors import ConfigError
+from edgepilot.errors import CommandError, ConfigError
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -34,3 +34,13 @@ def setup_logging(level: str) -> None:
     """Log lines to stderr at ``level`` (stdout is for the subcommand's output)."""
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def check_view_flags(args: argparse.Namespace) -> None:
+    """``--interval`` and ``--json`` of a live view (``top``, ``fleet top``)."""
+    if not 0.1 <= args.interval <= 3600:
+        raise CommandError(f"--interval {args.interval}: allowed 0.1..3600 seconds",
+                           field="interval")
+    if args.json and not args.once:
+        raise CommandError("--json needs --once (the live view is for a terminal)",
+                           field="json")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgepilot.cli.common import config_from
+from edgepilot.cli.common import check_view_flags, config_from
 from edgepilot.config import MqttSection
 from edgepilot.errors import CommandError
 
@@ -172,12 +172,7 @@ def cmd_top(args: argparse.Namespace) -> int:
     from edgepilot.fleet.client import FleetClient
     from edgepilot.fleet.top import device_load, render_top, totals
 
-    if not 0.1 <= args.interval <= 3600:
-        raise CommandError(f"--interval {args.interval}: allowed 0.1..3600 seconds",
-                           field="interval")
-    if args.json and not args.once:
-        raise CommandError("--json needs --once (the live view is for a terminal)",
-                           field="json")
+    check_view_flags(args)
     with FleetClient(broker_config(args)) as fleet:
         fleet.subscribe(f"{fleet.prefix}/+/telemetry")
         while True:

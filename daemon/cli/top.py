@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from edgepilot.cli.common import config_from
+from edgepilot.cli.common import check_view_flags, config_from
 from edgepilot.errors import CommandError
 
 
@@ -27,12 +27,7 @@ def add_parser(sub: Any) -> None:
 def cmd_top(args: argparse.Namespace) -> int:
     from edgepilot.top.snapshot import base_url, fetch
 
-    if not 0.1 <= args.interval <= 3600:
-        raise CommandError(f"--interval {args.interval}: allowed 0.1..3600 seconds",
-                           field="interval")
-    if args.json and not args.once:
-        raise CommandError("--json needs --once (the live view is for a terminal)",
-                           field="json")
+    check_view_flags(args)
     url = args.url
     if url is None:
         http = config_from(args).http

@@ -29,6 +29,7 @@ from edgepilot.http.api import api_of
 from edgepilot.http.ollama_models import model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
     ChatBody,
+    Common,
     EmbedBody,
     EmbeddingsBody,
     GenerateBody,
@@ -104,6 +105,17 @@ def _no_think(think: bool | str | None) -> None:
                            "send think false or leave it out", field="think")
 
 
+def _common(gen: Generator, body: Common) -> tuple[str, float | None, dict[str, Any]]:
+    """What chat and generate read alike: the model, keep_alive and the sampler's parameters
+    (options and format), each checked in that order."""
+    name = model_name(gen, body.model)
+    keep = keep_alive_seconds(body.keep_alive)
+    params = sampler_params(body.options)
+    params.update(format_params(body.format))
+    _no_think(body.think)
+    return name, keep, params
+
+
 def _llama_message(m: Message, i: int) -> dict[str, Any]:
     if m.images:
         raise CommandError("images are not supported (the served models read text only)",
@@ -159,11 +171,7 @@ async def chat(request: Request) -> Any:
     started = time.perf_counter_ns()
     body = parse(ChatBody, await _json(request))
     gen = _generator(request)
-    name = model_name(gen, body.model)
-    keep = keep_alive_seconds(body.keep_alive)
-    params = sampler_params(body.options)
-    params.update(format_params(body.format))
-    _no_think(body.think)
+    name, keep, params = _common(gen, body)
     if not body.messages:
         return await _load_only(gen, name, keep, started, "message")
     messages = [_llama_message(m, i) for i, m in enumerate(body.messages)]
@@ -188,11 +196,7 @@ async def generate(request: Request) -> Any:
     started = time.perf_counter_ns()
     body = parse(GenerateBody, await _json(request))
     gen = _generator(request)
-    name = model_name(gen, body.model)
-    keep = keep_alive_seconds(body.keep_alive)
-    params = sampler_params(body.options)
-    params.update(format_params(body.format))
-    _no_think(body.think)
+    name, keep, params = _common(gen, body)
     for field, value in (("suffix", body.suffix), ("template", body.template),
                          ("context", body.context), ("images", body.images)):
         if value:
