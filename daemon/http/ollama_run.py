@@ -29,6 +29,17 @@ from edgepilot.serving.tools import ToolRequest
 _unloads: set[asyncio.Task[bool]] = set()
 
 
+def ollama_error(body: dict[str, Any]) -> dict[str, Any]:
+    """The one error shape as Ollama's clients read it: ``error`` is a string (the official
+    client raises it as ``ResponseError.error``), naming the field; ``code`` and ``field``
+    ride along for programs that want them."""
+    message = str(body.get("message") or "error")
+    field_ = body.get("field")
+    if field_ and str(field_) not in message:
+        message = f"{field_}: {message}"
+    return {"error": message, "code": body.get("code"), "field": field_}
+
+
 def now_iso() -> str:
     """Ollama's ``created_at``: RFC 3339 in UTC."""
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
@@ -162,7 +173,7 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
                 ) -> AsyncIterator[dict[str, Any]]:
     """Ollama's response objects: one per text piece when streaming, then the last (done)
     one with the timings; not streaming, only the last with the whole text. An error after the
-    first token is a part ``{"error": ...}`` (Ollama's clients raise it)."""
+    first token is a part ``{"error": "<text>"}`` (Ollama's clients raise it)."""
     key = "message" if chat else "response"
 
     def body(text: str, calls: list[dict[str, Any]] | None = None) -> Any:
@@ -178,7 +189,7 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
     try:
         async for kind, value in events(run):
             if kind == "error":
-                yield {"error": error_body(value)}
+                yield ollama_error(error_body(value))
                 return
             if kind == "tool_calls":
                 calls = value
