@@ -60,7 +60,7 @@ def test_chat_equals_the_openai_route_and_times_truthfully(client: ollama.Client
                                                           daemon: DaemonProcess) -> None:
     # llama.cpp reuses the cached prefix of the previous prompt, and the first greedy answer
     # after another prompt can differ from the next ones: both are asked after this one
-    client.chat(model="smol", messages=MESSAGES, options=GREEDY)
+    first = client.chat(model="smol", messages=MESSAGES, options=GREEDY)
     oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
     want = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
                                       max_tokens=12, temperature=0)
@@ -70,6 +70,12 @@ def test_chat_equals_the_openai_route_and_times_truthfully(client: ollama.Client
     assert got.done is True and got.done_reason in ("stop", "length")
     assert want.usage is not None
     assert got.prompt_eval_count == want.usage.prompt_tokens
+    # the prompt's tokens, whether llama.cpp read them again or found them in its KV cache
+    # (the OpenAI route says how many it found; Ollama's shape has no field for it)
+    assert want.usage.prompt_tokens_details is not None
+    cached = want.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and 0 < cached < want.usage.prompt_tokens
+    assert first.prompt_eval_count == got.prompt_eval_count
     assert got.eval_count == want.usage.completion_tokens
     assert got.total_duration and got.prompt_eval_duration and got.eval_duration
     assert got.load_duration is not None

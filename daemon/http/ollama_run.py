@@ -8,7 +8,9 @@ timing fields are measured here, in nanoseconds as Ollama reports them:
 - ``prompt_eval_duration``: from asking for the generation (its place in the device's line
   included) to its first token, which is when llama.cpp has read the prompt;
 - ``eval_duration``: from the first token to the last; ``total_duration``: the whole request;
-- ``prompt_eval_count`` / ``eval_count``: llama.cpp's own prompt and completion token counts.
+- ``prompt_eval_count`` / ``eval_count``: llama.cpp's own prompt and completion token counts
+  (the prompt's every token, those reused from the KV cache included: the OpenAI routes report
+  those in ``usage.prompt_tokens_details.cached_tokens``).
 """
 
 from __future__ import annotations
