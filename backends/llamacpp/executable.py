@@ -81,12 +81,14 @@ class LlamaExecutable(GenerativeExecutable):
         return self.info.estimate_bytes(self.n_ctx, self.kv_type)
 
     @property
-    def progress(self) -> tuple[int, int]:
-        """(tokens decoded so far, tokens of the decode under way): the first grows while the
-        model computes (the worker's heartbeat carries both; a count that stops with requests
-        in flight is a hang, and a long prompt chunk may take longer than one token)."""
+    def progress(self) -> tuple[int, int, float]:
+        """(tokens decoded so far, tokens of the decode under way, slowest seconds per token of
+        a step): the first grows while the model computes (the worker's heartbeat carries all
+        three; a count that stops with requests in flight is a hang, a long prompt chunk may
+        take longer than one token, and the slowest step sets how long is too long)."""
         llm = self.llm
-        return int(getattr(llm, "tokens_done", 0)), int(getattr(llm, "step_tokens", 0))
+        return (int(getattr(llm, "tokens_done", 0)), int(getattr(llm, "step_tokens", 0)),
+                float(getattr(llm, "slowest_token_s", 0.0)))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` from an empty context; return the last position's logits."""

@@ -176,12 +176,13 @@ class LlamaBatchExecutable(LlamaExecutable):
             return self._engine
 
     @property
-    def progress(self) -> tuple[int, int]:
+    def progress(self) -> tuple[int, int, float]:
         engine = self._engine
-        done, now = super().progress
+        done, now, slowest = super().progress
         if engine is None:
-            return done, now
-        return done + engine.tokens_done, max(now, engine.step_tokens)
+            return done, now, slowest
+        return (done + engine.tokens_done, max(now, engine.step_tokens),
+                max(slowest, engine.slowest_token_s))
 
     def _step_guard(self) -> StepGuard | None:
         return self.step_guard

@@ -238,6 +238,13 @@ class LlamaWorkerExecutable(GenerativeExecutable):
         worker = self._worker
         return worker.pid if worker.fault is None else None
 
+    @property
+    def hang_deadline_s(self) -> float | None:
+        """How long the worker may now go without a decode step with requests in flight before
+        it is killed as hung (None: the watchdog is off, hang_timeout_s = 0)."""
+        worker = self._worker
+        return worker.deadline_s() if worker.hang_min_s > 0 else None
+
     # ---- the executable contract ---------------------------------------------------------------
     @property
     def memory_bytes(self) -> int:

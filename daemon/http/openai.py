@@ -28,7 +28,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError
 from edgepilot.http.api import api_of
-from edgepilot.http.openai_tools import response_format_params, whole_as_chunks, with_tool_calls
+from edgepilot.http.openai_tools import (
+    check_messages,
+    response_format_params,
+    tool_choice_needs_tools,
+    whole_as_chunks,
+    with_tool_calls,
+)
 from edgepilot.serving.generate import Generator, StreamEnd
 from edgepilot.serving.templates import template_of
 from edgepilot.serving.tools import chat_template_of, tool_request
@@ -204,6 +210,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
     params = req.llama_params()
     if req.max_completion_tokens is not None:
         params["max_tokens"] = req.max_completion_tokens
+    check_messages([m.model_dump() for m in req.messages])
+    tool_choice_needs_tools(req.tools, req.tool_choice)
     messages = [m.as_llama() for m in req.messages]
     params.update(response_format_params(req.response_format))
     if req.tools and req.tool_choice != "none":
