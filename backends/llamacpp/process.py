@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from edgepilot.backends.workers.exits import WorkerCrashed
-from edgepilot.backends.workers.link import WorkerLink
+from edgepilot.backends.workers.link import Spawned, WorkerLink
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,8 @@ class WorkerProcess(WorkerLink):
     error: the generic link plus streamed answers and the per-step device guard."""
 
     def __init__(self, model: str, options: dict[str, Any], guard: Callable[[], StepGuard | None],
-                 on_death: Callable[[WorkerProcess], None]) -> None:
+                 on_death: Callable[[WorkerProcess], None], spawned: Spawned | None = None
+                 ) -> None:
         self._guard = guard
         # the hang watchdog: decode steps the worker reported, when they last grew, the
         # slowest step seen; 0 = off
@@ -55,7 +56,7 @@ class WorkerProcess(WorkerLink):
         self._step_done: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._guard_thread: threading.Thread | None = None
         super().__init__("llamacpp", model, options, on_death, runtime=RUNTIME,
-                         load_timeout_s=LOAD_TIMEOUT_S)
+                         load_timeout_s=LOAD_TIMEOUT_S, spawned=spawned)
         if self.hang_min_s > 0:
             threading.Thread(target=self._watch, name=f"llama-worker-{self.pid}-watchdog",
                              daemon=True).start()

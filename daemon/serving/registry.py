@@ -325,7 +325,8 @@ class ModelRegistry:
             lm = LoadedModel(model, exe, need)
             self.loaded[name] = lm
             self.emit("model.loaded", model=name, format=model.kind, target=str(exe.target),
-                      memory_bytes=need, load_ms=round((time.monotonic() - started) * 1000, 1))
+                      memory_bytes=need, load_ms=round((time.monotonic() - started) * 1000, 1),
+                      **(exe.load_split or {}))
             return lm
 
     async def unload(self, name: str, reason: str = "request") -> bool:
