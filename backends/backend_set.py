@@ -90,9 +90,29 @@ class BackendSet:
             out[name] = backend
         return out
 
+    def start_spares(self, kinds: set[str]) -> None:
+        """Start what makes the next load of a model of these kinds cheaper (llama.cpp's spare
+        worker process for "gguf"); the daemon calls it once ready."""
+        if "gguf" not in kinds:
+            return
+        try:
+            backend = self.get("llamacpp")
+        except BackendUnavailable:
+            return
+        backend.start_spares()
+
+    def close_spares(self) -> None:
+        """End every spare (a stopping daemon, a reloaded config)."""
+        with self._lock:
+            built = [b for b in self._built.values() if b is not None]
+        for backend in built:
+            backend.close_spares()
+
     def reset(self, options: Callable[[str], BackendOptions | None],
               enabled: list[str] | None) -> None:
-        """New options (a reloaded config): instances are built again on next use."""
+        """New options (a reloaded config): instances are built again on next use (their
+        spares end now)."""
+        self.close_spares()
         with self._lock:
             self.options, self.enabled = options, enabled
             # an isolated backend's workers end with their last executable, not here

@@ -99,6 +99,10 @@ class Executable(ABC):
         """Resident footprint estimate (weights + arena) for memory budgets."""
         return 0
 
+    # where its load time went, in ms (llama.cpp: worker_start_ms, model_ms, context_ms), for
+    # the model.loaded event; None: not measured
+    load_split: dict[str, float] | None = None
+
     @property
     def worker_pid(self) -> int | None:
         """The worker process it runs in (``isolation = "process"``); None: in this one."""
@@ -161,6 +165,13 @@ class Backend(ABC):
     def isolation(self) -> Isolation:
         """Where its compiled models run (its section's ``isolation``)."""
         return self.settings.isolation
+
+    def start_spares(self) -> None:  # noqa: B027 - optional hook
+        """Start what makes the next load cheaper (llama.cpp: a spare worker process); the
+        daemon calls it once ready."""
+
+    def close_spares(self) -> None:  # noqa: B027 - optional hook
+        """End what :meth:`start_spares` started."""
 
     @abstractmethod
     def probe(self) -> list[Target]:

@@ -73,10 +73,16 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 # ---- 1. load ------------------------------------------------------------------------------------
-def raw_load(path: Path) -> float:
+SPLIT = ("worker_start_ms", "model_ms", "context_ms")
+
+
+def raw_load(path: Path, splits: list[dict[str, float]] | None = None) -> float:
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, verbose=False)
     dt = time.perf_counter() - t0
+    if splits is not None:
+        model_ms = float(llama_cpp.llama_perf_context(llm.ctx).t_load_ms)
+        splits.append({"model_ms": model_ms, "context_ms": dt * 1e3 - model_ms})
     llm.close()
     return dt
 
@@ -91,17 +97,29 @@ def registry_daemon(state: Path, models: Path) -> Daemon:
     return d
 
 
-def daemon_load(state: Path, models: Path, name: str) -> float:
-    """One load through the registry, as a freshly started daemon does it."""
+def daemon_load(state: Path, models: Path, name: str,
+                splits: list[dict[str, float]] | None = None) -> float:
+    """One load through the registry, as a freshly started daemon does it once ready: its spare
+    worker started (``[backends.llamacpp] spare_worker``) and done with its imports."""
     gguf_info._cache.clear()
     files._digests.clear()
     d = registry_daemon(state, models)
+    assert d.backends is not None
+    d.backends.start_spares({"gguf"})
+    spares = d.backends.get("llamacpp").spares  # type: ignore[attr-defined]
+    if not spares.wait_ready(60):
+        raise SystemExit("the spare llama.cpp worker did not start in 60 s")
 
     async def load() -> float:
         t0 = time.perf_counter()
-        await d.models.load(name)
+        lm = await d.models.load(name)
         dt = time.perf_counter() - t0
+        if splits is not None:
+            split = dict(lm.executable.load_split or {})
+            split["rest_ms"] = dt * 1e3 - sum(float(split.get(k, 0)) for k in SPLIT)
+            splits.append(split)
         await d.models.close()
+        d.backends.close_spares()  # type: ignore[union-attr]
         return dt
 
     try:
@@ -122,16 +140,21 @@ def bench_load(path: Path, work: Path, rounds: int) -> dict[str, Any]:
     registry_daemon(warm, models).dispatcher.plan_for("m")
     raw_load(path)  # page cache warm for everyone
     times: dict[str, list[float]] = {"raw": [], "daemon": [], "daemon_planned": []}
+    splits: dict[str, list[dict[str, float]]] = {k: [] for k in times}
     for r in range(rounds):
         order = ["raw", "daemon", "daemon_planned"]
         order = order if r % 2 == 0 else order[::-1]
         for variant in order:
             if variant == "raw":
-                times["raw"].append(raw_load(path))
+                times["raw"].append(raw_load(path, splits["raw"]))
             else:
                 times[variant].append(daemon_load(cold if variant == "daemon" else warm,
-                                                  models, "m"))
+                                                  models, "m", splits[variant]))
     out: dict[str, Any] = {k: summary(v) for k, v in times.items()}
+    out["split_ms"] = {k: {f: round(statistics.median(float(s.get(f, 0)) for s in v), 1)
+                           for f in (*SPLIT, "rest_ms") if any(f in s for s in v)}
+                       for k, v in splits.items()}
+    out["spare_used"] = sum(bool(s.get("spare")) for s in splits["daemon"])
     for k in ("daemon", "daemon_planned"):
         out[f"{k}_over_raw"] = round(statistics.median(
             d / r for d, r in zip(times[k], times["raw"], strict=True)), 3)
@@ -357,6 +380,10 @@ def main() -> None:
               f"{load['daemon']['median'] * 1e3:7.1f} ms (x{load['daemon_over_raw']}) | "
               f"daemon, plan cached {load['daemon_planned']['median'] * 1e3:7.1f} ms "
               f"(x{load['daemon_planned_over_raw']})")
+        print("load split, medians in ms: " + " | ".join(
+            f"{k} " + ", ".join(f"{f.removesuffix('_ms')} {v}" for f, v in split.items())
+            for k, split in load["split_ms"].items())
+            + f" (spare worker used in {load['spare_used']} of {args.rounds} daemon loads)")
         decode = bench_decode(path, work, args.rounds, args.max_tokens)
         tech = techniques.run(path, work / "techniques", threads=args.techniques_threads,
                               turns=args.turns, rounds=max(3, args.rounds // 3),

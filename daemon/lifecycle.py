@@ -281,6 +281,7 @@ class Daemon:
             self._up.set(1)
             self.notifier.notify("READY=1", f"STATUS=serving on {self.http_server.url}")
             log.info("edgepilot %s serving on %s", __version__, self.http_server.url)
+            await self._start_spares()
             await self._stop_event.wait()
         except EdgepilotError as exc:
             log.error("start-up failed: %s", exc.message)
@@ -299,9 +300,27 @@ class Daemon:
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+            if self.backends is not None:
+                self.backends.close_spares()
             self.executor.shutdown(wait=False, cancel_futures=True)
             self.notifier.close()
         return code
+
+    async def _start_spares(self) -> None:
+        """Once ready (earlier, it would slow the start it is meant to shorten): a worker
+        process started ahead for the next load of a kind of model the catalog holds (a spare
+        llama.cpp worker when there is a GGUF)."""
+        if self.backends is None or self.catalog is None:
+            return
+        catalog, backends = self.catalog, self.backends
+
+        def start() -> None:
+            backends.start_spares(catalog.kinds())
+
+        try:
+            await self.run_blocking(start)
+        except EdgepilotError as exc:  # no spare: loads start their own worker, as before
+            log.warning("no spare worker: %s", exc.message)
 
     def request_stop(self) -> None:
         if self._stop_event is not None and not self._stop_event.is_set():
@@ -370,6 +389,7 @@ class Daemon:
                     await hook(old, new)
                 except EdgepilotError as exc:
                     log.error("%s could not apply the new config: %s", svc.name, exc.message)
+        await self._start_spares()  # the reloaded backends' own
         self.events.emit("config.reloaded")
         self.notifier.notify("READY=1", "STATUS=serving (config reloaded)")
         log.info("config reloaded")

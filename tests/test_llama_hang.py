@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 from models_fixtures import smollm2_gguf
+from mqtt_fixtures import wait_for
 
 from edgepilot.backends.llamacpp.backend import LlamaCppBackend, LlamaWorkerExecutable
 from edgepilot.backends.llamacpp.options import LlamacppSection
-from edgepilot.backends.llamacpp.process import WorkerCrashed
+from edgepilot.backends.llamacpp.process import COLD_HANG_S, WorkerCrashed
 
 STORY = [{"role": "user", "content": "Write a long story about a robot who learns to paint."}]
 QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
@@ -25,7 +26,9 @@ QUESTION = [{"role": "user", "content": "Which city is the capital of France?"}]
 @pytest.mark.timeout(900)
 def test_a_stopped_worker_is_killed_as_hung_and_restarted() -> None:
     events: list[tuple[str, dict[str, Any]]] = []
-    backend = LlamaCppBackend(LlamacppSection(n_ctx=1024, n_threads=1, hang_timeout_s=1.5))
+    # a floor of seconds, not minutes: the test's hang is found fast, and a loaded machine's
+    # slow steps before the SIGSTOP are not taken for one
+    backend = LlamaCppBackend(LlamacppSection(n_ctx=1024, n_threads=1, hang_timeout_s=5))
     exe = backend.open_served(smollm2_gguf(), model="smol",
                               emit=lambda kind, **f: events.append((kind, f)))
     assert isinstance(exe, LlamaWorkerExecutable)
@@ -37,6 +40,10 @@ def test_a_stopped_worker_is_killed_as_hung_and_restarted() -> None:
         assert exe.chat(STORY, max_tokens=2, temperature=0)["usage"]["completion_tokens"] == 2
         first = exe.worker_pid
         assert first is not None
+        # the worker's own step timings arm the deadline with its next heartbeat, even where
+        # every request so far ended between two beats (before that it is the cold one)
+        wait_for(lambda: (exe.hang_deadline_s or COLD_HANG_S) < COLD_HANG_S, timeout=30,
+                 what="the watchdog armed by the worker's measured steps")
         stream = iter(exe.chat(STORY, max_tokens=400, temperature=0, stream=True))
         next(stream)
         os.kill(first, signal.SIGSTOP)

@@ -15,7 +15,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -294,23 +294,56 @@ def running(pid: int) -> bool:
         return False
 
 
-def test_no_worker_outlives_a_killed_daemon(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid``."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return [c for c in out if running(c)]
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := what()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def spares(daemon_pid: int) -> list[int]:
+    return [c for c in children(daemon_pid) if "worker llamacpp (spare) --fd" in cmdline(c)]
+
+
+def test_a_spare_worker_serves_the_next_load_and_none_outlives_a_killed_daemon(
+        tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811
+    """Once ready the daemon keeps one spare worker (imports done, no model); the next load is
+    handed it (ps then names the model), the load's split is in model.loaded, a new spare is
+    started after it; a SIGKILLed daemon takes the worker and the spare with it."""
     (tmp_path / "models").mkdir()
     shutil.copy(gguf_path, tmp_path / "models" / "tiny.gguf")
     d = start_daemon(tmp_path, "[dispatch]\nenabled = false\n")
+    assert d.proc is not None
     try:
+        spare = wait_for(lambda: spares(d.proc.pid))  # type: ignore[union-attr]
+        assert len(spare) == 1
         chat_body = {"model": "tiny", "messages": QUESTION, "max_tokens": 2}
         assert d.request("POST", "/v1/chat/completions", chat_body, timeout=120)[0] == 200
         body = d.request("GET", "/v1/models")[1]
         worker_pid = next(m for m in body["data"] if m["id"] == "tiny")["worker_pid"]
-        assert "edgepilot worker llamacpp tiny" in cmdline(worker_pid)
+        assert worker_pid == spare[0]  # the spare took the model ...
+        assert "edgepilot worker llamacpp tiny --fd " in cmdline(worker_pid)  # ... and says so
+        loaded = next(line for line in d.output().splitlines()
+                      if "event model.loaded" in line and "'tiny'" in line)
+        assert "'spare': True" in loaded and "'worker_start_ms': " in loaded
+        assert "'model_ms': " in loaded and "'context_ms': " in loaded
+        new_spare = wait_for(lambda: [p for p in spares(d.proc.pid)  # type: ignore[union-attr]
+                                      if p != worker_pid])
+        assert len(new_spare) == 1
     finally:
         d.stop(signal.SIGKILL)
-    # the kernel closed the daemon's end of the socket: the worker sees EOF and leaves
-    deadline = time.monotonic() + 30
-    while running(worker_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not running(worker_pid)
+    # the kernel closed the daemon's end of each socket: the worker and the spare see EOF
+    assert wait_for(lambda: not any(running(p) for p in (worker_pid, new_spare[0])),
+                    timeout=30)
 
 
 def test_the_gguf_plan_governs_the_worker(tmp_path: Path, gguf_path: Path) -> None:  # noqa: F811

@@ -220,3 +220,38 @@ def test_loading_unknown_names_keeps_nothing_for_them(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert d.models._load_locks == {}
+
+
+def test_max_loaded_models_unloads_the_idle_lru_and_never_one_in_flight(
+        tmp_path: Path, mlp_tflite: Path) -> None:  # noqa: F811
+    for name in ("a", "b", "c"):
+        shutil.copy(mlp_tflite, mdir(tmp_path) / f"{name}.tflite")
+    d = make_daemon(tmp_path, serving={"max_loaded_models": 2, "load_wait_s": 0.2})
+
+    async def scenario() -> None:
+        await d.models.load("a")
+        await d.models.load("b")
+        await d.models.acquire("a")  # a used after b: b is the least recently used
+        a = d.models.loaded["a"]
+        d.models.release(a)
+        await d.models.load("c")
+        assert set(d.models.loaded) == {"a", "c"}
+        # every loaded model has a request in flight: the load waits, then a 503
+        held = [await d.models.acquire("a"), await d.models.acquire("c")]
+        with pytest.raises(BusyError, match="max_loaded_models is 2") as busy:
+            await d.models.load("b")
+        assert busy.value.http_status == 503 and busy.value.field == "model"
+        assert set(d.models.loaded) == {"a", "c"}
+        # one finishing within load_wait_s lets the load go on, unloading that one
+        d.models.config.serving.load_wait_s = 30
+        waiting = asyncio.create_task(d.models.load("b"))
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and set(d.models.loaded) == {"a", "c"}
+        d.models.release(held[1])
+        await asyncio.wait_for(waiting, 30)
+        assert set(d.models.loaded) == {"a", "b"}
+        d.models.release(held[0])
+
+    asyncio.run(scenario())
+    assert [(e["model"], e["reason"]) for e in events(d, "model.unloaded")] \
+        == [("b", "max_loaded_models"), ("c", "max_loaded_models")]

@@ -8,6 +8,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import ollama
 import openai
 import pytest
 from daemon_proc import DaemonProcess
@@ -141,12 +143,12 @@ def test_bad_requests_get_openai_errors_and_serving_goes_on(client: openai.OpenA
     assert "unknown model 'ghost'" in str(nf.value) and "tiny" in str(nf.value)
     with pytest.raises(openai.BadRequestError, match="/v1/infer/mlp"):
         client.chat.completions.create(model="mlp", messages=MESSAGES)  # type: ignore[arg-type]
-    with pytest.raises(openai.UnprocessableEntityError, match="temperature"):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
                                        temperature=5)
     code, body = daemon.request("POST", "/v1/chat/completions",
                                 {"model": "tiny", "messages": MESSAGES, "bogus": 1})
-    assert code == 422 and body["error"]["param"] == "bogus"
+    assert code == 400 and body["error"]["param"] == "bogus"
     assert body["error"]["type"] == "invalid_request_error"
     ok = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
                                         max_tokens=2, temperature=0)
@@ -197,15 +199,126 @@ def test_lone_surrogate_text_is_refused_with_its_field(daemon: DaemonProcess) ->
     code, body = daemon.request("POST", "/v1/chat/completions",
                                 {"model": "tiny", "max_tokens": 2,
                                  "messages": [{"role": "user", "content": "hi \ud800"}]})
-    assert code == 422, body
+    assert code == 400, body
     assert body["error"]["param"].startswith("messages.0.content"), body
     assert "surrogate" in body["error"]["message"]
     code, body = daemon.request("POST", "/v1/completions",
                                 {"model": "tiny", "max_tokens": 2, "prompt": "\udfff"})
-    assert code == 422 and body["error"]["param"].startswith("prompt"), body
+    assert code == 400 and body["error"]["param"].startswith("prompt"), body
 
 
 def test_malformed_json_body_names_the_body(daemon: DaemonProcess) -> None:
     code, body = daemon.request("POST", "/v1/chat/completions", b'{"model": "tiny", bad')
-    assert code == 422, body
+    assert code == 400, body
     assert body["error"]["param"] == "body" and "not valid JSON" in body["error"]["message"]
+
+
+TOOL = {"type": "function", "function": {"name": "light", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "light", "arguments": "{}"}}
+# (route, body, the field the 400 names): checked before any generation, so cheap
+BAD = [
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [CALL]},
+        {"role": "tool", "content": "ok"}]}, "messages.2.tool_call_id"),
+    ("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "ok"}]}, "messages.1.tool_call_id"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "heater"}}}, "tool_choice.function.name"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function", "function": {
+        "name": "x", "parameters": {"type": "objekt"}}}]}, "tools.0.function.parameters"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": {"required": "x"}}}},
+     "response_format.json_schema.schema"),
+    ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 99}, "logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "stream": True},
+     "logprobs"),
+    ("/v1/embeddings", {"input": [1, 2]}, "input"),
+    ("/v1/embeddings", {}, "input"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), BAD)
+def test_malformed_openai_requests_are_400_naming_the_field(
+        daemon: DaemonProcess, client: openai.OpenAI, path: str, body: dict[str, object],
+        field: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.post(path[3:], body={"model": "tiny", "max_tokens": 2, **body},
+                    cast_to=object)
+    assert err.value.status_code == 400
+    error = err.value.body
+    assert isinstance(error, dict) and error["code"] == "bad_request", error
+    assert error["param"] == field and error["field"] == field, error
+    assert error["type"] == "invalid_request_error" and error["message"], error
+
+
+OLLAMA_BAD = [
+    ("/api/chat", {"messages": [{"content": "hi"}]}, "messages.0.role"),
+    ("/api/chat", {"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+    ("/api/chat", {"messages": [{"role": "user", "content": ["hi"]}]}, "messages.0.content"),
+    ("/api/chat", {"messages": MESSAGES, "format": {"type": "objekt"}}, "format"),
+    ("/api/chat", {"messages": MESSAGES, "tools": [{"type": "function", "function": {
+        "name": "x", "parameters": {"type": "objekt"}}}]}, "tools.0.function.parameters"),
+    ("/api/generate", {"prompt": 5}, "prompt"),
+    ("/api/generate", {"prompt": "hi", "options": {"top_k": "many"}}, "options.top_k"),
+    ("/api/embed", {"input": [1]}, "input"),
+    ("/api/embeddings", {"prompt": ["a"]}, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), OLLAMA_BAD)
+def test_malformed_ollama_requests_are_400_with_a_string_error_naming_the_field(
+        daemon: DaemonProcess, path: str, body: dict[str, object], field: str) -> None:
+    client = ollama.Client(host=daemon.url)
+    with pytest.raises(ollama.ResponseError) as err:
+        client._request_raw("POST", path, json={"model": "tiny", "stream": False, **body})
+    assert err.value.status_code == 400
+    assert isinstance(err.value.error, str) and field in err.value.error, err.value.error
+    # the client's own calls raise the same (here: a role Ollama does not know)
+    with pytest.raises(ollama.ResponseError) as chat:
+        client.chat(model="tiny", messages=[{"role": "robot", "content": "hi"}])
+    assert chat.value.status_code == 400 and "messages.0.role" in chat.value.error
+
+
+def test_logprobs_of_chat_and_completions(client: openai.OpenAI, gguf_path: Path) -> None:  # noqa: F811
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                          max_tokens=8, temperature=0, logprobs=True,
+                                          top_logprobs=3)
+    text = chat.choices[0].message.content or ""
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content or []
+    assert text and content
+    assert "".join(t.token for t in content) == text
+    assert all(t.bytes for t in content)  # each token's own bytes (some are no UTF-8 alone)
+    for t in content:
+        tops = [a.logprob for a in t.top_logprobs]
+        assert t.logprob <= 0 and len(tops) == 3 and tops == sorted(tops, reverse=True)
+        # greedy, no penalties: the token chosen is the model's most likely one
+        assert t.logprob == pytest.approx(tops[0], abs=1e-5)
+    got = client.completions.create(model="tiny", prompt="the edge board is", max_tokens=6,
+                                    temperature=0, logprobs=2)
+    lp = got.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert "".join(lp.tokens) == got.choices[0].text
+    # the raw runtime, keeping every position's logits, gives the same numbers
+    ref = Llama(str(gguf_path), n_ctx=256, logits_all=True, verbose=False)
+    try:
+        want = ref.create_completion(prompt="the edge board is", max_tokens=6, temperature=0,
+                                     logprobs=2)["choices"][0]["logprobs"]  # type: ignore[index]
+    finally:
+        ref.close()
+    np.testing.assert_allclose(lp.token_logprobs, want["token_logprobs"], atol=1e-3)
+    for mine, theirs in zip(lp.top_logprobs, want["top_logprobs"], strict=True):
+        # keyed by the token's text: distinct tokens of one text share a key
+        assert 1 <= len(mine) <= 2 and all(v <= 0 for v in mine.values())
+        np.testing.assert_allclose(max(mine.values()), max(theirs.values()), atol=1e-3)

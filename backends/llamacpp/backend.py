@@ -9,8 +9,10 @@ and :func:`n_gpu_layers_for` turns the GPU segment into llama.cpp's parameter.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import time
 from pathlib import Path
 
 from edgepilot.backends.base import Backend, Executable, Segment, Support, Target
@@ -29,6 +31,7 @@ from edgepilot.backends.llamacpp.runtime import (
     refused_as_bad_request,
     usage_of,
 )
+from edgepilot.backends.llamacpp.spare import SparePool
 from edgepilot.errors import BackendError
 from edgepilot.formats.files import sha256_of
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
@@ -73,6 +76,18 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, settings: LlamacppSection | None = None) -> None:
         self.settings = settings or LlamacppSection()
+        # a worker process waiting for the next GGUF load (isolation = "process")
+        self.spares = SparePool()
+
+    def start_spares(self) -> None:
+        """Keep one spare worker process (``spare_worker``, ``isolation = "process"``): the
+        next load skips starting the interpreter and importing llama-cpp-python."""
+        if self.isolation == "process" and self.settings.spare_worker and \
+                importlib.util.find_spec("llama_cpp") is not None:
+            self.spares.start()
+
+    def close_spares(self) -> None:
+        self.spares.close()
 
     def version(self) -> str | None:
         return str(import_llama_cpp().__version__)
@@ -139,6 +154,7 @@ class LlamaCppBackend(Backend):
         n_gpu = s.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
         n_seq = s.parallel if parallel is None else parallel
         type_k, type_v = self.kv_type_ids()
+        started = time.perf_counter()
         try:
             llm = LLAMA_THREAD.call(
                 counting_llama(llama_cpp),
@@ -149,6 +165,11 @@ class LlamaCppBackend(Backend):
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"llama.cpp could not load {path.name}: {exc}",
                                field="file") from None
+        # llama.cpp's own clock of the model load (mmap, tensors); the rest of Llama() is the
+        # context (KV cache, compute buffers)
+        llama_ms = (time.perf_counter() - started) * 1e3
+        model_ms = float(llama_cpp.llama_perf_context(llm.ctx).t_load_ms)
+        split = {"model_ms": round(model_ms, 1), "context_ms": round(llama_ms - model_ms, 1)}
         # one sequence: the batch engine of a parallel model keeps no prefixes across requests
         llm.prefix_cache = self.prefix_cache_for(path) if n_seq == 1 else None
         device = "gpu" if n_gpu and self.gpu_offload() else "cpu"
@@ -156,8 +177,11 @@ class LlamaCppBackend(Backend):
                  n_gpu, n_seq)
         target = Target(self.name, device, info.weight_type)
         if n_seq > 1:
-            return LlamaBatchExecutable(llm, info, target, s.kv_cache_type, n_gpu, n_seq)
+            batch = LlamaBatchExecutable(llm, info, target, s.kv_cache_type, n_gpu, n_seq)
+            batch.load_split = split
+            return batch
         exe = LlamaExecutable(llm, info, target, s.kv_cache_type, n_gpu)
+        exe.load_split = split
         if adapters:
             exe.adapters = LLAMA_THREAD.call(LoraSet, llama_cpp, llm._model.model, path,
                                              adapters)
@@ -198,4 +222,5 @@ class LlamaCppBackend(Backend):
         import_llama_cpp()  # a missing llama-cpp-python is BackendUnavailable here, not there
         return LlamaWorkerExecutable(model, path, self.settings, n_ctx=n_ctx,
                                      n_gpu_layers=n_gpu_layers, emit=emit, governor=governor,
-                                     cache_dir=self.cache_dir, adapters=adapters)
+                                     cache_dir=self.cache_dir, adapters=adapters, info=info,
+                                     spares=self.spares)

@@ -103,6 +103,7 @@ class BatchEngine:
         self.steps = 0
         # the hang watchdog's progress: tokens decoded, and those of the decode under way
         self.tokens_done = self.step_tokens = 0
+        self.slowest_token_s = 0.0  # the slowest time per token of one decode (the watchdog's)
         self._driver = threading.Thread(target=self._drive, name="llama.cpp-batch", daemon=True)
         self._driver.start()
 
@@ -258,8 +259,9 @@ class BatchEngine:
         self.step_tokens = len(generating)
         self.steps += 1
         self.max_batch_seqs = max(self.max_batch_seqs, len(generating))
+        start = time.perf_counter()
         rc = self._llama_cpp.llama_decode(self.ctx.ctx, b)
-        self.tokens_done += len(generating)
+        self._timed(start, len(generating))
         if rc != 0:
             self._fail(generating, rc)
             return
@@ -267,6 +269,11 @@ class BatchEngine:
             seq.ids.append(seq.pending[0])
             seq.shared = seq.shared or len(generating) > 1
             self._sample(seq, i)
+
+    def _timed(self, start: float, tokens: int) -> None:
+        self.tokens_done += tokens
+        self.slowest_token_s = max(self.slowest_token_s,
+                                   (time.perf_counter() - start) / max(1, tokens))
 
     def _admit(self) -> None:
         idle = not self._active
@@ -295,9 +302,10 @@ class BatchEngine:
             b.logits[i] = i == len(chunk) - 1
         b.n_tokens = len(chunk)
         self.step_tokens = len(chunk)
+        start = time.perf_counter()
         rc = int(self._llama_cpp.llama_decode(self.ctx.ctx, b))
         self.steps += 1
-        self.tokens_done += len(chunk)
+        self._timed(start, len(chunk))
         if rc != 0:
             raise BackendError(f"llama.cpp could not decode a prompt of {len(chunk)} tokens "
                                f"(llama_decode returned {rc})", field="model")

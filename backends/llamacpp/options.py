@@ -55,6 +55,13 @@ class LlamacppSection(BackendOptions):
                     "hung: killed and "
                     "restarted, its requests fail naming the hang (isolation = 'process'; "
                     "0 = never).")
+    spare_worker: bool = Field(
+        True,
+        description="Keep one worker process started ahead of need (isolation = 'process'; "
+                    "started once the daemon is ready and again after each load that took "
+                    "it), so a GGUF load or a worker restart skips starting the interpreter "
+                    "and importing llama-cpp-python. ps shows it as "
+                    "`edgepilot worker llamacpp (spare)`.")
     isolation: Isolation = Field(
         "process",
         description="Where a served GGUF runs: 'process' = in a worker process "

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from edgepilot.backends.workers.exits import WorkerCrashed
-from edgepilot.backends.workers.link import WorkerLink
+from edgepilot.backends.workers.link import Spawned, WorkerLink
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 # [backends.llamacpp] hang_timeout_s); the watchdog looks every WATCH_S
 HANG_FACTOR = 50.0
 WATCH_S = 0.25
+# the deadline of a worker none of whose steps was measured yet: a hang on the first request
+# is still found, and a slow first step (weights paged in from an SD card) is not one
+COLD_HANG_S = 120.0
 # how long loading may take (a model on a slow SD card, a big GPU offload) before it is killed
 LOAD_TIMEOUT_S = 600.0
 StepGuard = Callable[[], AbstractContextManager[None]]
@@ -37,7 +40,8 @@ class WorkerProcess(WorkerLink):
     error: the generic link plus streamed answers and the per-step device guard."""
 
     def __init__(self, model: str, options: dict[str, Any], guard: Callable[[], StepGuard | None],
-                 on_death: Callable[[WorkerProcess], None]) -> None:
+                 on_death: Callable[[WorkerProcess], None], spawned: Spawned | None = None
+                 ) -> None:
         self._guard = guard
         # the hang watchdog: decode steps the worker reported, when they last grew, the
         # slowest step seen; 0 = off
@@ -52,7 +56,7 @@ class WorkerProcess(WorkerLink):
         self._step_done: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._guard_thread: threading.Thread | None = None
         super().__init__("llamacpp", model, options, on_death, runtime=RUNTIME,
-                         load_timeout_s=LOAD_TIMEOUT_S)
+                         load_timeout_s=LOAD_TIMEOUT_S, spawned=spawned)
         if self.hang_min_s > 0:
             threading.Thread(target=self._watch, name=f"llama-worker-{self.pid}-watchdog",
                              daemon=True).start()
@@ -99,7 +103,7 @@ class WorkerProcess(WorkerLink):
     # ---- the reader's own messages -------------------------------------------------------------
     def _route(self, msg: tuple[Any, ...]) -> None:
         if msg[0] == "beat":
-            self._beat(int(msg[1]), int(msg[2]))
+            self._beat(int(msg[1]), int(msg[2]), float(msg[3]) if len(msg) > 3 else 0.0)
         elif msg[0] == "step":
             self._start_guard()
             self._steps.put(msg[1])
@@ -109,9 +113,12 @@ class WorkerProcess(WorkerLink):
             super()._route(msg)
 
     # ---- hang watchdog -------------------------------------------------------------------------
-    def _beat(self, tokens: int, step_tokens: int) -> None:
+    def _beat(self, tokens: int, step_tokens: int, measured_s: float) -> None:
         now = time.monotonic()
         self._step_tokens = max(1, step_tokens)
+        # the worker's own timing of its steps: it arms the watchdog even when every request
+        # so far ended between two beats (short answers on a quiet machine)
+        self.slowest_step_s = max(self.slowest_step_s, measured_s)
         if tokens != self._progress:
             if self.busy():
                 per_token = (now - self._progress_at) / max(1, tokens - self._progress)
@@ -127,16 +134,17 @@ class WorkerProcess(WorkerLink):
     def deadline_s(self) -> float:
         """How long a busy worker may go without a decode step: HANG_FACTOR times the slowest
         time per token it was seen take, times the tokens of the decode under way (a prompt
-        chunk reads many), at least ``hang_timeout_s`` (armed once a step was measured)."""
+        chunk reads many), at least ``hang_timeout_s``; before any step was measured (weights
+        paged in from disk, a cold start under load), at least COLD_HANG_S."""
+        if self.slowest_step_s == 0:
+            return max(self.hang_min_s, COLD_HANG_S)
         return max(self.hang_min_s, HANG_FACTOR * self.slowest_step_s * self._step_tokens)
 
     def _watch(self) -> None:
         while not self.dead.wait(WATCH_S):
             now = time.monotonic()
-            if not self.busy() or self.slowest_step_s == 0:
-                # idle time is no silence; and before its first measured step (weights paged
-                # in from disk, a cold start under load) a worker has no deadline of its own
-                self._progress_at = now
+            if not self.busy():
+                self._progress_at = now  # idle time is no silence
                 continue
             silent = now - self._progress_at
             deadline = self.deadline_s()

@@ -29,6 +29,8 @@ from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.process import StepGuard, WorkerCrashed, WorkerProcess
 from edgepilot.backends.llamacpp.runtime import ThreadGovernor
+from edgepilot.backends.llamacpp.spare import SparePool
+from edgepilot.formats.gguf_info import GgufInfo
 
 # restart backoff: first delay, the most, and how long a worker must live to reset it
 BACKOFF_S = 0.5
@@ -121,9 +123,14 @@ class LlamaWorkerExecutable(GenerativeExecutable):
                  n_ctx: int | None = None, n_gpu_layers: int | None = None,
                  parallel: int | None = None, emit: Emit | None = None,
                  governor: ThreadGovernor | None = None, cache_dir: Path | None = None,
-                 adapters: dict[str, Path] | None = None) -> None:
+                 adapters: dict[str, Path] | None = None, info: GgufInfo | None = None,
+                 spares: SparePool | None = None) -> None:
+        """``spares``: where a started worker process waits for a model (one is taken for each
+        start, refilled after it); ``info``: the file's header facts, read already."""
         self.model = model
+        self._spares = spares
         self._options: dict[str, Any] = {
+            "model": model, "info": info,
             "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers,
             "parallel": parallel, "settings": settings.model_dump(), "threads": None,
             "guard": False, "cache_dir": None if cache_dir is None else str(cache_dir),
@@ -142,8 +149,28 @@ class LlamaWorkerExecutable(GenerativeExecutable):
     # ---- the worker ----------------------------------------------------------------------------
     def _start(self) -> WorkerProcess:
         self._options["guard"] = self._step_guard is not None
-        worker = WorkerProcess(self.model, dict(self._options), self._get_guard, self._died)
+        spare = self._spares.take() if self._spares is not None else None
+        started = time.monotonic()
+        try:
+            worker = WorkerProcess(self.model, dict(self._options), self._get_guard, self._died,
+                                   spawned=spare)
+        except WorkerCrashed:
+            if spare is None:
+                raise
+            # the spare died as it was handed over (killed meanwhile): start one as before
+            started = time.monotonic()
+            spare = None
+            worker = WorkerProcess(self.model, dict(self._options), self._get_guard, self._died)
+        finally:
+            if self._spares is not None:
+                self._spares.refill()  # after the load: its imports would slow this one
         facts = worker.facts
+        # where the load went: waiting for a worker with llama-cpp-python imported (about 0 for
+        # a spare), then llama.cpp's model load and context creation in it
+        wait = worker.start_wait_s if worker.start_wait_s is not None else \
+            time.monotonic() - started
+        self.load_split = {"worker_start_ms": round(wait * 1e3, 1), "spare": spare is not None,
+                           **(facts.get("load_split") or {})}
         self.target = Target.parse(facts["target"])
         self.n_ctx = int(facts["n_ctx"])
         self.n_threads = int(facts["n_threads"])
@@ -210,6 +237,13 @@ class LlamaWorkerExecutable(GenerativeExecutable):
         """The pid of the worker serving this model (None while it is being restarted)."""
         worker = self._worker
         return worker.pid if worker.fault is None else None
+
+    @property
+    def hang_deadline_s(self) -> float | None:
+        """How long the worker may now go without a decode step with requests in flight before
+        it is killed as hung (None: the watchdog is off, hang_timeout_s = 0)."""
+        worker = self._worker
+        return worker.deadline_s() if worker.hang_min_s > 0 else None
 
     # ---- the executable contract ---------------------------------------------------------------
     @property

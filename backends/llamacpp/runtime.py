@@ -134,6 +134,9 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # the hang watchdog's progress: llama_decode calls and tokens done, and the
                 # tokens of the call under way
                 self.steps = self.tokens_done = self.step_tokens = 0
+                # the slowest time per token of a step, measured here (the daemon's estimate
+                # from heartbeats misses requests that end between two beats)
+                self.slowest_token_s = 0.0
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
                 tokens = list(tokens)
@@ -154,7 +157,10 @@ def counting_llama(llama_cpp: Any) -> Any:
                 for i in range(0, len(tokens), self.n_batch):
                     chunk = tokens[i:i + self.n_batch]
                     self.step_tokens = len(chunk)
+                    start = time.perf_counter()
                     super().eval(chunk)
+                    self.slowest_token_s = max(self.slowest_token_s,
+                                               (time.perf_counter() - start) / len(chunk))
                     self.steps += 1
                     self.tokens_done += len(chunk)
 

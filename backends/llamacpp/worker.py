@@ -6,6 +6,9 @@ Started by the daemon as ``edgepilot worker llamacpp <model> --fd N`` (see
 the connection on fd ``N``. Messages are tuples of plain data (pickled by
 :mod:`multiprocessing.connection`):
 
+worker -> parent first: ``("hello", pid)`` once llama-cpp-python is imported (a spare worker,
+:mod:`.spare`, says it long before it is handed a model).
+
 parent -> worker: ``("open", options)`` once, then ``("call", rid, method, kwargs)``,
 ``("cancel", rid)``, ``("guard", on)``, ``("step_go", token)``, ``("close",)``.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -34,10 +38,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from edgepilot.backends.base import BackendUnavailable
 from edgepilot.backends.llamacpp.executable import LlamaExecutable
 from edgepilot.backends.llamacpp.options import LlamacppSection
-from edgepilot.backends.llamacpp.runtime import LLAMA_THREAD
-from edgepilot.backends.workers.exits import error_data
+from edgepilot.backends.llamacpp.runtime import LLAMA_THREAD, import_llama_cpp
+from edgepilot.backends.workers.exits import SPARE, SPARE_PLACEHOLDER, error_data
+from edgepilot.backends.workers.proctitle import replace_arg
 from edgepilot.backends.workers.serve_loop import WorkerLoop, run
 from edgepilot.errors import EdgepilotError
 
@@ -78,12 +84,16 @@ class Worker(WorkerLoop):
         # imported here: llamacpp imports the batch engine and the parallel executable
         from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 
+        if options.get("model"):  # a spare now serves this model: ps says which
+            replace_arg(SPARE_PLACEHOLDER, str(options["model"]))
         backend = LlamaCppBackend(LlamacppSection(**options["settings"]))
         if options.get("cache_dir"):
             backend.cache_dir = Path(options["cache_dir"])  # the daemon's, for spilled KV
+        # the daemon's header facts: reading them again costs tens of ms of a cheap start
         exe = backend.open(Path(options["path"]), n_ctx=options["n_ctx"],
                            n_gpu_layers=options["n_gpu_layers"], parallel=options["parallel"],
-                           adapters={k: Path(v) for k, v in options.get("adapters", {}).items()})
+                           adapters={k: Path(v) for k, v in options.get("adapters", {}).items()},
+                           info=options.get("info"))
         if options.get("threads"):
             exe.set_threads(int(options["threads"]))
         self.governor.latest = options.get("threads")
@@ -95,7 +105,7 @@ class Worker(WorkerLoop):
             "pid": os.getpid(), "n_ctx": exe.n_ctx, "n_threads": exe.n_threads,
             "n_gpu_layers": exe.n_gpu_layers, "max_concurrency": exe.max_concurrency,
             "target": str(exe.target), "memory_bytes": exe.memory_bytes,
-            "n_vocab": exe.outputs[0].shape[0]}))
+            "n_vocab": exe.outputs[0].shape[0], "load_split": exe.load_split}))
 
     def beat(self) -> None:
         """Tell the daemon how far llama.cpp got, every HEARTBEAT_S: the steps stop growing
@@ -197,6 +207,20 @@ class Worker(WorkerLoop):
             self.cancels.pop(rid, None)
 
 
-def main(fd: int) -> int:
-    """Serve the connection on ``fd`` (inherited from the daemon) until it closes."""
-    return run(Worker(Connection(fd)))
+def main(fd: int, model: str) -> int:
+    """Serve the connection on ``fd`` (inherited from the daemon) until it closes: import
+    llama-cpp-python first and say hello (a spare then waits for its model with the imports
+    done), then the model arrives."""
+    # the daemon's Ctrl-C reaches the whole process group: the daemon decides when we stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if model == SPARE_PLACEHOLDER:  # the placeholder only made room for the model's name
+        replace_arg(SPARE_PLACEHOLDER, SPARE)
+    worker = Worker(Connection(fd))
+    # the imports a load would do (the backend module imports the batch engine)
+    from edgepilot.backends.llamacpp import backend  # noqa: F401
+
+    with contextlib.suppress(BackendUnavailable):  # the open reports it
+        import_llama_cpp()
+    with contextlib.suppress(OSError):  # a daemon gone already: serve() sees the EOF
+        worker.send(("hello", os.getpid()))
+    return run(worker)

@@ -54,6 +54,13 @@ def rebuild_error(data: dict[str, Any]) -> Exception:
     return cls(str(data.get("message")), field=data.get("field"))
 
 
+# the model a spare worker is started for (:mod:`..llamacpp.spare`): it shows "(spare)", and
+# the placeholder's width leaves room to show any model name (at most 128 characters) once it
+# is handed one (:mod:`.proctitle`)
+SPARE = "(spare)"
+SPARE_PLACEHOLDER = SPARE + "." * (128 - len(SPARE))
+
+
 def worker_argv(backend: str, model: str, fd: int) -> list[str]:
     """The worker's command line: ``... -m edgepilot worker <backend> <model> --fd N``."""
     level = logging.getLevelName(logging.getLogger("edgepilot").getEffectiveLevel()).lower()

@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -36,7 +37,45 @@ from edgepilot.backends.workers.exits import (
 log = logging.getLogger(__name__)
 # how long a worker may take to leave after it is asked to close, before it is killed
 CLOSE_TIMEOUT_S = 10.0
-__all__ = ["WorkerCrashed", "WorkerLink", "error_data", "how_it_ended"]
+__all__ = ["Spawned", "WorkerCrashed", "WorkerLink", "error_data", "how_it_ended", "spawn"]
+
+
+@dataclass
+class Spawned:
+    """A started worker process and the daemon's end of its connection, not yet told what to
+    load (a spare, or the one a link is about to open)."""
+
+    proc: subprocess.Popen[bytes]
+    conn: Connection
+    started: float = field(default_factory=time.monotonic)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def discard(self) -> None:
+        """End it: the closed connection is its EOF (it leaves); killed if it lingers."""
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        try:
+            self.proc.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def spawn(backend: str, model: str) -> Spawned:
+    """Start ``python -m edgepilot worker <backend> <model> --fd N`` on one end of a unix
+    socket pair."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proc = subprocess.Popen(worker_argv(backend, model, theirs.fileno()),
+                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return Spawned(proc, Connection(ours.detach()))
 
 
 class WorkerLink:
@@ -47,7 +86,9 @@ class WorkerLink:
 
     def __init__(self, backend: str, model: str, options: dict[str, Any],
                  on_death: Callable[[Any], None], *, runtime: str | None = None,
-                 load_timeout_s: float | None = None) -> None:
+                 load_timeout_s: float | None = None, spawned: Spawned | None = None) -> None:
+        """``spawned``: a worker process started ahead (a spare) to open the model in; None:
+        one is started here."""
         self.backend, self.model = backend, model
         # how messages name it ("the llama.cpp worker", "a crash in llama.cpp")
         self.label = runtime or backend
@@ -65,21 +106,17 @@ class WorkerLink:
         self.hung: str | None = None
         self.started = time.monotonic()
         self.dead = threading.Event()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.proc = subprocess.Popen(worker_argv(backend, model, theirs.fileno()),
-                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        finally:
-            theirs.close()
-        self.pid = self.proc.pid
-        self.conn = Connection(ours.detach())
+        # how long this load waited for the process to be up with its runtime imported (0: a
+        # spare that was ready); None: the worker does not say (it sends no "hello")
+        self.start_wait_s: float | None = None
+        spawned = spawned or spawn(backend, model)
+        self.proc, self.conn, self.pid = spawned.proc, spawned.conn, spawned.proc.pid
         try:
             self.conn.send(("open", options))
-            if load_timeout_s is not None and not self.conn.poll(load_timeout_s):
-                log.error("%s worker %d did not load %s in %.0f s; killing it", self.label,
-                          self.pid, model, load_timeout_s)
-                self.proc.kill()
-            reply = self.conn.recv()
+            reply = self._recv(load_timeout_s)
+            if reply[0] == "hello":  # the runtime is imported; the load starts now
+                self.start_wait_s = time.monotonic() - self.started
+                reply = self._recv(load_timeout_s)
         except (EOFError, OSError):
             rc = self._reap()
             raise WorkerCrashed(f"the {self.label} worker for {model!r} (pid {self.pid}) "
@@ -91,6 +128,13 @@ class WorkerLink:
         self.facts: dict[str, Any] = reply[1]
         threading.Thread(target=self._read, name=f"{backend}-worker-{self.pid}",
                          daemon=True).start()
+
+    def _recv(self, timeout_s: float | None) -> Any:
+        if timeout_s is not None and not self.conn.poll(timeout_s):
+            log.error("%s worker %d did not load %s in %.0f s; killing it", self.label,
+                      self.pid, self.model, timeout_s)
+            self.proc.kill()
+        return self.conn.recv()
 
     # ---- hooks for a runtime's own messages (the llama.cpp worker's step guard) -----------------
     def _route(self, msg: tuple[Any, ...]) -> None:

@@ -1,7 +1,9 @@
 """``edgepilot worker <backend> <model> --fd N``: a model's worker process, started by the
 daemon (``[backends.<backend>] isolation = "process"``), not by hand.
 
-The model name is on the command line so that ``ps`` shows which worker serves what; what to
+The model name is on the command line so that ``ps`` shows which worker serves what (a spare
+llama.cpp worker, started before its model is known, shows ``(spare)`` and rewrites its
+command line to the model's name when it is handed one); what to
 load arrives over the connection on fd ``N`` (see :mod:`edgepilot.backends.llamacpp.worker`
 for llama.cpp, :mod:`edgepilot.backends.workers.tensor_worker` for the tensor backends).
 """
@@ -36,4 +38,4 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # imported here: only a worker loads llama-cpp-python this way
     from edgepilot.backends.llamacpp import worker as llamacpp_worker
 
-    return llamacpp_worker.main(args.fd)
+    return llamacpp_worker.main(args.fd, args.model)

@@ -26,6 +26,8 @@ from edgepilot.http import (
     telemetry,
 )
 from edgepilot.http.api import HttpApi
+from edgepilot.http.bodies import field_of
+from edgepilot.http.ollama_run import ollama_error
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +39,12 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
 
 
 def http_error(status: int, body: dict[str, Any],
-               headers: dict[str, str] | None = None) -> JSONResponse:
-    """Error shape shared with MQTT ({code, message, field}) plus OpenAI's {type, param}."""
+               headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+    """Error shape shared with MQTT ({code, message, field}) plus OpenAI's {type, param}; on
+    Ollama's routes (``/api/*``) ``error`` is the message as a string, as Ollama's clients
+    read it (:func:`~edgepilot.http.ollama_run.ollama_error`)."""
+    if path.startswith("/api/"):
+        return JSONResponse(ollama_error(body), status_code=status, headers=headers)
     err = dict(body)
     err.setdefault("type", "invalid_request_error" if status < 500 else "server_error")
     err.setdefault("param", err.get("field"))
@@ -69,7 +75,30 @@ def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     else:
         message = str(exc.detail)
     return http_error(status, {"code": code, "message": message, "field": field},
-                      headers=dict(exc.headers) if exc.headers else None)
+                      headers=dict(exc.headers) if exc.headers else None,
+                      path=request.url.path)
+
+
+def validation_body(errs: Any) -> dict[str, Any]:
+    """The one error shape for FastAPI's validation errors: the first one, naming its field."""
+    first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        # its loc is ("body", <char offset>): the offset is no field
+        where = first.get("loc", ())[-1:]
+        ctx = first.get("ctx")
+        why = ctx.get("error", "") if isinstance(ctx, dict) else ""
+        return {"code": "bad_request", "field": "body",
+                "message": f"request body is not valid JSON ({why} at character "
+                           f"{where[0] if where else '?'})"}
+    field = field_of([p for p in first.get("loc", ()) if p not in ("body", "query", "path")])
+    if field is None:
+        # the body as a whole was not a JSON object (often: curl -d without a JSON
+        # Content-Type, which FastAPI then does not parse as JSON)
+        return {"code": "bad_request", "field": "body",
+                "message": "request body must be a JSON object sent with 'Content-Type: "
+                           f"application/json' ({first.get('msg')})"}
+    return {"code": "bad_request", "field": field,
+            "message": f"field '{field}': {first.get('msg')}"}
 
 
 # The OpenAI routes' bodies are parsed and validated by FastAPI on the event loop (their
@@ -121,7 +150,8 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int,
                       why: str) -> None:
         resp = http_error(413, {"code": "payload_too_large", "field": "body",
-                                "message": f"request body over the {limit}-byte limit {why}"})
+                                "message": f"request body over the {limit}-byte limit {why}"},
+                          path=str(scope.get("path", "")))
         await resp(scope, receive, send)
 
 
@@ -143,42 +173,25 @@ def create_app(api: HttpApi) -> FastAPI:
     app.state.api = api
 
     @app.exception_handler(EdgepilotError)
-    async def _edgepilot_error(_: Request, exc: EdgepilotError) -> JSONResponse:
-        return http_error(exc.http_status, error_body(exc))
+    async def _edgepilot_error(request: Request, exc: EdgepilotError) -> JSONResponse:
+        return http_error(exc.http_status, error_body(exc), path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return _starlette_error(request, exc)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Starlette logs the traceback and re-raises after this response is sent
         return http_error(500, {"code": "internal", "field": None,
-                                "message": f"internal error: {type(exc).__name__}"})
+                                "message": f"internal error: {type(exc).__name__}"},
+                          path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":
-            # its loc is ("body", <char offset>): the offset is no field
-            where = first.get("loc", ())[-1:]
-            ctx = first.get("ctx")
-            why = ctx.get("error", "") if isinstance(ctx, dict) else ""
-            return http_error(422, {"code": "bad_request", "field": "body",
-                                    "message": f"request body is not valid JSON ({why} at "
-                                               f"character {where[0] if where else '?'})"})
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
-        field = ".".join(loc) or None
-        if field is None:
-            # the body as a whole was not a JSON object (often: curl -d without a JSON
-            # Content-Type, which FastAPI then does not parse as JSON)
-            return http_error(422, {"code": "bad_request", "field": "body",
-                                    "message": "request body must be a JSON object sent with "
-                                               f"'Content-Type: application/json' "
-                                               f"({first.get('msg')})"})
-        return http_error(422, {"code": "bad_request", "field": field,
-                                "message": f"field '{field}': {first.get('msg')}"})
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # a request that does not validate is a 400 naming the field, as a CommandError is
+        # over MQTT and on the routes that validate their own bodies (OpenAI answers 400 too)
+        return http_error(400, validation_body(exc.errors()), path=request.url.path)
 
     for module in (health, commands, profile, telemetry, config, openai, ollama, infer, plan):
         app.include_router(module.router)

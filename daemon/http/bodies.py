@@ -6,6 +6,7 @@ Large bodies are parsed off the event loop with :func:`edgepilot.serving.offload
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from edgepilot.errors import CommandError
@@ -25,3 +26,16 @@ def parse_json(raw: bytes, empty: Any = None) -> Any:
         raise CommandError(f"body is not JSON: {exc}", field="body") from None
     except RecursionError:
         raise CommandError("body is nested too deeply to be a request", field="body") from None
+
+
+# the parts pydantic adds to an error's location to say which branch of a union failed
+# ("str", "list[TextPart]", "function-after[_utf8(), str]"): they name no field
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+def field_of(loc: Sequence[Any]) -> str | None:
+    """The dotted field a pydantic error's location names (``messages.0.content``), without
+    the union branches pydantic adds; None for the body as a whole."""
+    parts = [str(p) for p in loc
+             if not (isinstance(p, str) and (p in _BRANCHES or "[" in p or "(" in p))]
+    return ".".join(parts) or None

@@ -8,7 +8,8 @@ answers are Ollama's shapes, streamed as NDJSON unless ``"stream": false``. ``ke
 follows Ollama (a duration, ``0`` unloads once the request is done, a negative value keeps the
 model loaded); an empty prompt or message list only loads (or, with ``keep_alive: 0``, unloads)
 the model. Models are files in the model dir: ``/api/pull``, ``/api/push``, ``/api/create``,
-``/api/copy`` and ``/api/delete`` answer 501 saying so. Errors are the daemon's one shape.
+``/api/copy`` and ``/api/delete`` answer 501 saying so. Errors are Ollama's ``{"error":
+"<text>"}`` (naming the field) with the daemon's ``code`` and ``field``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgepilot.errors import CommandError
+from edgepilot.http.bodies import field_of
 
 # option -> (llama.cpp parameter, type, (min, max) or None); bounds as llama.cpp accepts them
 SAMPLER_OPTIONS: dict[str, tuple[str, type, tuple[float, float] | None]] = {
@@ -222,5 +223,5 @@ def parse(cls: type[B], data: Any) -> B:
         return cls.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        field = field_of(first.get("loc", ())) or "body"
         raise CommandError(f"field '{field}': {first.get('msg')}", field=field) from None

@@ -8,7 +8,9 @@ timing fields are measured here, in nanoseconds as Ollama reports them:
 - ``prompt_eval_duration``: from asking for the generation (its place in the device's line
   included) to its first token, which is when llama.cpp has read the prompt;
 - ``eval_duration``: from the first token to the last; ``total_duration``: the whole request;
-- ``prompt_eval_count`` / ``eval_count``: llama.cpp's own prompt and completion token counts.
+- ``prompt_eval_count`` / ``eval_count``: llama.cpp's own prompt and completion token counts
+  (the prompt's every token, those reused from the KV cache included: the OpenAI routes report
+  those in ``usage.prompt_tokens_details.cached_tokens``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ from edgepilot.serving.tools import ToolRequest
 
 # unloads asked for by keep_alive 0, kept referenced until done
 _unloads: set[asyncio.Task[bool]] = set()
+
+
+def ollama_error(body: dict[str, Any]) -> dict[str, Any]:
+    """The one error shape as Ollama's clients read it: ``error`` is a string (the official
+    client raises it as ``ResponseError.error``), naming the field; ``code`` and ``field``
+    ride along for programs that want them."""
+    message = str(body.get("message") or "error")
+    field_ = body.get("field")
+    if field_ and str(field_) not in message:
+        message = f"{field_}: {message}"
+    return {"error": message, "code": body.get("code"), "field": field_}
 
 
 def now_iso() -> str:
@@ -162,7 +175,7 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
                 ) -> AsyncIterator[dict[str, Any]]:
     """Ollama's response objects: one per text piece when streaming, then the last (done)
     one with the timings; not streaming, only the last with the whole text. An error after the
-    first token is a part ``{"error": ...}`` (Ollama's clients raise it)."""
+    first token is a part ``{"error": "<text>"}`` (Ollama's clients raise it)."""
     key = "message" if chat else "response"
 
     def body(text: str, calls: list[dict[str, Any]] | None = None) -> Any:
@@ -178,7 +191,7 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
     try:
         async for kind, value in events(run):
             if kind == "error":
-                yield {"error": error_body(value)}
+                yield ollama_error(error_body(value))
                 return
             if kind == "tool_calls":
                 calls = value

@@ -38,6 +38,79 @@ def response_format_params(fmt: dict[str, Any] | None) -> dict[str, Any]:
                        "\"json_object\", \"json_schema\"", field="response_format.type")
 
 
+def check_messages(messages: list[dict[str, Any]]) -> None:
+    """What OpenAI refuses in a conversation (CommandError naming ``messages.<i>.<field>``):
+    a system/user message without content, an assistant message with neither content nor
+    tool calls, a tool message without the ``tool_call_id`` of an earlier assistant call."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        role, content = m["role"], m.get("content")
+        if role in ("system", "developer", "user") and content is None:
+            raise CommandError(f"a {role} message needs content", field=f"messages.{i}.content")
+        if role == "assistant":
+            if content is None and not m.get("tool_calls"):
+                raise CommandError("an assistant message needs content or tool_calls",
+                                   field=f"messages.{i}.content")
+            calls.update(c["id"] for c in m.get("tool_calls") or [])
+        elif m.get("tool_calls"):
+            raise CommandError(f"only assistant messages carry tool_calls, not {role}",
+                               field=f"messages.{i}.tool_calls")
+        if role == "tool":
+            ref = m.get("tool_call_id")
+            if not ref:
+                raise CommandError("a tool message needs the tool_call_id of the call it "
+                                   "answers", field=f"messages.{i}.tool_call_id")
+            if ref not in calls:
+                raise CommandError(f"tool_call_id {ref!r} answers no tool call of an earlier "
+                                   "assistant message"
+                                   + (f"; allowed: {', '.join(sorted(calls))}" if calls else ""),
+                                   field=f"messages.{i}.tool_call_id")
+            if content is None:
+                raise CommandError("a tool message needs content (the tool's result)",
+                                   field=f"messages.{i}.content")
+        elif m.get("tool_call_id") is not None:
+            raise CommandError(f"only tool messages carry tool_call_id, not {role}",
+                               field=f"messages.{i}.tool_call_id")
+
+
+def tool_choice_needs_tools(tools: list[Any] | None, choice: Any) -> None:
+    """OpenAI refuses a ``tool_choice`` other than "none" without ``tools``: so does this."""
+    if not tools and choice not in (None, "none"):
+        raise CommandError("tool_choice is only allowed when tools are given",
+                           field="tool_choice")
+
+
+def logprob_params(logprobs: bool | int | None, top: int | None, stream: bool,
+                   field: str) -> dict[str, Any]:
+    """The generation parameter of OpenAI's ``logprobs`` (chat: a flag and ``top_logprobs``;
+    completions: the count of alternatives): ``{"logprobs_top": n}``, or ``{}`` for none."""
+    if top is not None and logprobs is not True:
+        raise CommandError("top_logprobs needs logprobs: true", field="top_logprobs")
+    if logprobs is None or logprobs is False:
+        return {}
+    if stream:
+        raise CommandError("logprobs are given with whole answers only; send stream: false",
+                           field=field)
+    return {"logprobs_top": int(top or 0) if logprobs is True else int(logprobs)}
+
+
+def completion_logprobs(content: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat shape of token logprobs as ``/v1/completions`` answers them."""
+    offsets, at = [], 0
+    for entry in content:
+        offsets.append(at)
+        at += len(entry["token"])
+    tops = []
+    for entry in content:
+        top: dict[str, float] = {}
+        for alt in entry["top_logprobs"]:  # best first: tokens of one text keep the best
+            top.setdefault(alt["token"], alt["logprob"])
+        tops.append(top)
+    return {"tokens": [e["token"] for e in content],
+            "token_logprobs": [e["logprob"] for e in content],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
 def with_tool_calls(result: dict[str, Any], tools: ToolRequest) -> dict[str, Any]:
     """A whole chat answer whose text is a tool call, rewritten as OpenAI's ``tool_calls``."""
     choice = result["choices"][0]

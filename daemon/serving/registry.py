@@ -7,19 +7,19 @@ cache; ONNX/TFLite: model + packed weights + peak activations, see
 :mod:`edgepilot.formats.memory`) against the budget, and compiles it whole on its default
 target. Compiled plan executables count against the same budget: a load that does not fit
 first evicts what is idle, least recently used first (a log line each), and is refused with the
-numbers only when that is not enough. Resident models are unloaded after their keep-alive of
-idleness and reloaded on the next request.
+numbers only when that is not enough. ``[serving] max_loaded_models`` bounds how many models are
+resident whole: a load past it unloads the least recently used idle one, never one with requests
+in flight (it waits for one to finish, then answers 503). Resident models are unloaded after
+their keep-alive of idleness and reloaded on the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -31,13 +31,16 @@ from edgepilot.blocking import RunBlocking
 from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.gguf.plans import GgufDispatch
-from edgepilot.errors import BackendError, ModelError, UnrunnableModel
+from edgepilot.errors import BackendError, BusyError, ModelError, UnrunnableModel
 from edgepilot.formats import files
 from edgepilot.formats.catalog import ModelCatalog
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
 from edgepilot.formats.io import tensor_specs
 from edgepilot.formats.memory import tensor_memory
 from edgepilot.serving.devices import DeviceQueues
+from edgepilot.serving.loaded import LoadedModel, ModelTooLarge, any_released
+
+__all__ = ["LoadedModel", "ModelRegistry", "ModelTooLarge"]
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -47,44 +50,6 @@ DEFAULT_TARGETS: dict[str, list[tuple[str, str]]] = {
     "tflite": [("tflite", "xnnpack"), ("tflite", "cpu")],
     "gguf": [("llamacpp", "cpu")],
 }
-
-
-class ModelTooLarge(ModelError):
-    """Loading would exceed the memory budget; the message carries the numbers."""
-
-    code = "model_too_large"
-    http_status = 507
-
-
-@dataclass
-class LoadedModel:
-    """A resident model: its whole-model executable and bookkeeping for keep-alive."""
-
-    model: files.ResolvedModel
-    executable: Executable
-    memory_bytes: int
-    loaded_at: float = field(default_factory=time.time)
-    last_used: float = field(default_factory=time.monotonic)
-    in_use: int = 0
-    # set on every release: unload waits on it until in_use is 0
-    released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
-    # a request's keep_alive (Ollama's): idle seconds before unloading, math.inf = never;
-    # None = the [[models]] entry's keep_alive_s
-    keep_alive_s: float | None = None
-
-    def keep_alive(self) -> float:
-        """Idle seconds after which this model is unloaded (``math.inf``: never)."""
-        return self.model.entry.keep_alive_s if self.keep_alive_s is None else self.keep_alive_s
-
-    def expires_at(self) -> float | None:
-        """Wall-clock time (epoch seconds) of the idle unload if nothing uses the model till
-        then; None when it is kept loaded."""
-        keep = self.keep_alive()
-        if math.isinf(keep):
-            return None
-        idle = 0.0 if self.in_use else time.monotonic() - self.last_used
-        return time.time() + max(0.0, keep - idle)
-
 
 
 class ModelRegistry:
@@ -105,6 +70,7 @@ class ModelRegistry:
         self.loaded: dict[str, LoadedModel] = {}
         self.errors: dict[str, str] = {}
         self._load_locks: dict[str, asyncio.Lock] = {}
+        self._loading: set[str] = set()  # past _make_slot, not yet in self.loaded
 
     def reload(self, config: Config) -> None:
         """A reloaded config: its budget and entries from now on (the catalog's too)."""
@@ -200,6 +166,38 @@ class ModelRegistry:
                 await self.unload(model, reason="memory_budget")
             elif self.dispatcher is not None:
                 self.dispatcher.drop((model, sig), reason=f"memory budget, to load {name}")
+
+    async def _make_slot(self, name: str) -> None:
+        """Unload idle models (least recently used first) until loading ``name`` keeps at most
+        ``[serving] max_loaded_models`` resident; while every one has requests in flight, wait
+        up to ``load_wait_s`` for one to finish, then BusyError (503)."""
+        serving = self.config.serving
+        limit = serving.max_loaded_models
+        deadline = time.monotonic() + serving.load_wait_s
+        while limit:
+            others = (set(self.loaded) | self._loading) - {name}
+            if len(others) < limit:
+                return
+            idle = sorted((lm.last_used, n) for n, lm in self.loaded.items()
+                          if n != name and lm.in_use == 0)
+            if idle:
+                last, victim = idle[0]
+                log.info("[serving] max_loaded_models = %d: unloading %s (idle %.0f s) to load "
+                         "%s", limit, victim, time.monotonic() - last, name)
+                await self.unload(victim, reason="max_loaded_models")
+                continue
+            left = deadline - time.monotonic()
+            busy = [lm for n, lm in self.loaded.items() if n != name]
+            if left > 0 and busy:
+                await any_released(busy, left)
+            elif left > 0:  # only other loads under way: they soon hold a request or idle
+                await asyncio.sleep(min(0.05, left))
+            else:
+                raise BusyError(
+                    f"cannot load model {name!r}: [serving] max_loaded_models is {limit} and "
+                    f"every loaded model ({', '.join(sorted(others))}) still had requests in "
+                    f"flight after {serving.load_wait_s:g} s (load_wait_s); retry later or "
+                    "raise max_loaded_models", field="model")
 
     def _idle_lru(self, but: str) -> tuple[str, str | None, int, float] | None:
         """The idle executable used longest ago: whole models first by last use, then the
@@ -313,17 +311,22 @@ class ModelRegistry:
             started = time.monotonic()
             try:
                 need, detail = await self.run_blocking(self._estimate, model)
+                await self._make_slot(name)
+                self._loading.add(name)
                 await self._make_room(name, need, detail)
                 exe = await self.run_blocking(self._compile, model)
             except (ModelError, BackendError) as exc:
                 self.errors[name] = exc.message
                 raise
+            finally:
+                self._loading.discard(name)
             self.errors.pop(name, None)
             need = need if model.kind == "gguf" else max(need, exe.memory_bytes)
             lm = LoadedModel(model, exe, need)
             self.loaded[name] = lm
             self.emit("model.loaded", model=name, format=model.kind, target=str(exe.target),
-                      memory_bytes=need, load_ms=round((time.monotonic() - started) * 1000, 1))
+                      memory_bytes=need, load_ms=round((time.monotonic() - started) * 1000, 1),
+                      **(exe.load_split or {}))
             return lm
 
     async def unload(self, name: str, reason: str = "request") -> bool:
