@@ -8,6 +8,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import ollama
 import openai
 import pytest
@@ -237,6 +238,11 @@ BAD = [
      "response_format.json_schema.schema"),
     ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 99}, "logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "stream": True},
+     "logprobs"),
     ("/v1/embeddings", {"input": [1, 2]}, "input"),
     ("/v1/embeddings", {}, "input"),
 ]
@@ -282,3 +288,37 @@ def test_malformed_ollama_requests_are_400_with_a_string_error_naming_the_field(
     with pytest.raises(ollama.ResponseError) as chat:
         client.chat(model="tiny", messages=[{"role": "robot", "content": "hi"}])
     assert chat.value.status_code == 400 and "messages.0.role" in chat.value.error
+
+
+def test_logprobs_of_chat_and_completions(client: openai.OpenAI, gguf_path: Path) -> None:  # noqa: F811
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                          max_tokens=8, temperature=0, logprobs=True,
+                                          top_logprobs=3)
+    text = chat.choices[0].message.content or ""
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content or []
+    assert text and content
+    assert "".join(t.token for t in content) == text
+    assert all(t.bytes for t in content)  # each token's own bytes (some are no UTF-8 alone)
+    for t in content:
+        tops = [a.logprob for a in t.top_logprobs]
+        assert t.logprob <= 0 and len(tops) == 3 and tops == sorted(tops, reverse=True)
+        # greedy, no penalties: the token chosen is the model's most likely one
+        assert t.logprob == pytest.approx(tops[0], abs=1e-5)
+    got = client.completions.create(model="tiny", prompt="the edge board is", max_tokens=6,
+                                    temperature=0, logprobs=2)
+    lp = got.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
+    assert "".join(lp.tokens) == got.choices[0].text
+    # the raw runtime, keeping every position's logits, gives the same numbers
+    ref = Llama(str(gguf_path), n_ctx=256, logits_all=True, verbose=False)
+    try:
+        want = ref.create_completion(prompt="the edge board is", max_tokens=6, temperature=0,
+                                     logprobs=2)["choices"][0]["logprobs"]  # type: ignore[index]
+    finally:
+        ref.close()
+    np.testing.assert_allclose(lp.token_logprobs, want["token_logprobs"], atol=1e-3)
+    for mine, theirs in zip(lp.top_logprobs, want["top_logprobs"], strict=True):
+        # keyed by the token's text: distinct tokens of one text share a key
+        assert 1 <= len(mine) <= 2 and all(v <= 0 for v in mine.values())
+        np.testing.assert_allclose(max(mine.values()), max(theirs.values()), atol=1e-3)

@@ -11,7 +11,7 @@ import pytest
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
-from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.graph.partition import merge_layers, merge_to, partition
 from edgepilot.errors import PlanError
 from edgepilot.formats import onnx_gen
 
@@ -70,3 +70,24 @@ def test_unsupported_files_are_refused(tmp_path: Path) -> None:
     junk.write_bytes(b"not a model")
     with pytest.raises(PlanError):
         partition(junk)
+
+
+def test_merge_to_makes_the_layers_a_board_of_the_same_kind_merged(
+        transformer_path: Path) -> None:
+    """Adopting a published plan merges this board's layers into the published ones instead of
+    running every layer alone on the reference to find them; anything but such a merge of
+    neighbours is refused and leaves the layers as they were."""
+    theirs = partition(transformer_path)
+    merge_layers(theirs, 1)  # what runnable_layers does for a layer the reference cannot run
+    names = [lay.name for lay in theirs.layers]
+    mine = partition(transformer_path)
+    assert len(mine.layers) == 4 and len(names) == 3
+    assert merge_to(mine, names)
+    assert [(lay.start, lay.end) for lay in mine.layers] == \
+        [(lay.start, lay.end) for lay in theirs.layers]
+    fresh = partition(transformer_path)
+    before = [lay.name for lay in fresh.layers]
+    assert not merge_to(fresh, [*names[:2], "L2:Gemm:elsewhere"])
+    assert not merge_to(fresh, [*before, "L4:extra"])
+    assert [lay.name for lay in fresh.layers] == before
+

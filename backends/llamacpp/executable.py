@@ -14,6 +14,7 @@ import numpy as np
 
 from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.adapters import LoraSet
+from edgepilot.backends.llamacpp.logprobs import attach, with_logprobs
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     ThreadGovernor,
@@ -187,6 +188,7 @@ class LlamaExecutable(GenerativeExecutable):
         :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count. Setting ``cancel``
         ends the generation at the next token (finish_reason "stop")."""
         adapter = self.adapter_of(params)
+        params, logprobs = with_logprobs(dict(params), self.llm)
         params = cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self, functools.partial(
@@ -197,13 +199,14 @@ class LlamaExecutable(GenerativeExecutable):
             out = LLAMA_THREAD.call(self.llm.create_chat_completion, messages=messages,
                                     **params)
             self.end_request()
-            return self._with_cached(out)
+            return attach(self._with_cached(out), logprobs, chat=True)
 
     def complete(self, prompt: str, *, cancel: threading.Event | None = None,
                  **params: Any) -> Any:
         """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`);
         ``cancel`` as for :meth:`chat`."""
         adapter = self.adapter_of(params)
+        params, logprobs = with_logprobs(dict(params), self.llm)
         params = cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self, functools.partial(
@@ -213,7 +216,7 @@ class LlamaExecutable(GenerativeExecutable):
             self.begin_request(adapter)
             out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
             self.end_request()
-            return self._with_cached(out)
+            return attach(self._with_cached(out), logprobs, chat=False)
 
     def _with_cached(self, out: Any) -> Any:
         if isinstance(out.get("usage"), dict):

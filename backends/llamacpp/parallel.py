@@ -255,6 +255,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         """llama-cpp-python's ``create_chat_completion`` as one sequence of the batch: a dict,
         or (``stream=True``) a :class:`BatchTokenStream`. Setting ``cancel`` ends the
         generation at the next step (finish_reason "stop")."""
+        _no_logprobs(params)
         self.adapter_of(params)
         view = self._view(cancel)
         if params.get("stream"):
@@ -271,6 +272,7 @@ class LlamaBatchExecutable(LlamaExecutable):
                  **params: Any) -> Any:
         """llama-cpp-python's ``create_completion`` as one sequence of the batch (a dict, or a
         :class:`BatchTokenStream`); ``cancel`` as for :meth:`chat`."""
+        _no_logprobs(params)
         self.adapter_of(params)
         view = self._view(cancel)
         if params.get("stream"):
@@ -304,3 +306,10 @@ class LlamaBatchExecutable(LlamaExecutable):
         if pool is not None:
             pool.shutdown(wait=False)
         super().close()
+
+
+def _no_logprobs(params: dict[str, Any]) -> None:
+    # the batch samples every sequence in one step: no per-request logits processor to read
+    if params.pop("logprobs_top", None) is not None:
+        raise CommandError("logprobs are not available for a model generating several chats "
+                           "at once ([backends.llamacpp] parallel > 1)", field="logprobs")

@@ -26,7 +26,7 @@ from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import Partition, covers_any, partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
-from edgepilot.dispatch.graph.signature import Shapes, resolve_shapes, signature_of
+from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
 from edgepilot.dispatch.measuring.calibration import time_plan
 from edgepilot.dispatch.measuring.measure import (
     MAX_RUNS,
@@ -42,6 +42,7 @@ from edgepilot.dispatch.planning.kernels import KernelModel
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
+from edgepilot.dispatch.planning.shared import adoptable
 from edgepilot.dispatch.planning.versus import single_instead
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
@@ -109,12 +110,7 @@ class ModelDispatch:
             kind: ModelKind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
             specs = tensor_specs(self.path, kind)[0]
             if self.shapes is None:
-                defaults = None
-                if kind == "tflite":  # flatbuffers only where TFLite is installed
-                    from edgepilot.dispatch.graph.tflite_layers import default_shapes
-
-                    defaults = default_shapes(self.path)
-                self.shapes = resolve_shapes(self.name, specs, {}, defaults=defaults)
+                self.shapes = file_shapes(self.name, self.path, specs)
             self.samples = samples = pick(
                 specs, self.shapes, rules_for(self.path, kind, specs), self.opts.calibration_inputs,
                 self.name, self.opts.calibration_dir, list(self.recent()))
@@ -126,8 +122,14 @@ class ModelDispatch:
             self.targets = [t for t in self.targets if t.backend in self.backends
                             and covers_any(self.backends[t.backend], part, t)]
             self.calibration = samples.feeds
-            ref, self.ref_outputs, merges = reference_for(part, self.backends, self.targets,
-                                                          self.calibration)
+            shared = self.cache.shared if self.cache is not None else None
+            # a plan an identical board published (dispatch/planning/shared.py)
+            found = adoptable(shared, self.key_parts, part, self.signature, self.backends,
+                              self.targets, self.calibration) if shared and not reprofile \
+                else None
+            adopted = found[0] if found else None
+            ref, self.ref_outputs, merges = (found[1], found[2], []) if found else reference_for(
+                part, self.backends, self.targets, self.calibration)
             layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
             self.reference = ref
             key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
@@ -137,10 +139,7 @@ class ModelDispatch:
                              "runs": self.opts.runs, "passes": self.opts.passes,
                              "layers": layers})
             cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
-            shared = self.cache.shared if self.cache is not None else None
-            # else a plan an identical board published (dispatch/planning/shared.py)
-            adopted = shared.find(self.key_parts, part.model_hash, self.signature, layers,
-                                  targets) if cached is None and shared and not reprofile else None
+            adopted = None if cached is not None else adopted  # its own cache first
             cached = cached or adopted
             self.from_cache = cached is not None
             forced: dict[int, str] = {}
@@ -162,8 +161,10 @@ class ModelDispatch:
             plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
                                          else "reprofile" if reprofile else "initial")
             spent = plan.planning_s = round(time.monotonic() - started, 3)
-            if adopted and shared and not shared.adopt(adopted, self.name, plan.segments,
-                                                       plan.measured_ms, self.segment_ms, spent):
+            if adopted and shared and not shared.adopt(
+                    adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
+                    spent, retime=lambda: time_plan(compiled, self.calibration[0],
+                                                    self.opts.runs, 1, MIN_TIMED_MS, MAX_RUNS)):
                 return self.prepare(reprofile=True)  # it does not hold here: measure
             doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
                    "forced": {str(k): v for k, v in self.builder.forced.items()},

@@ -30,6 +30,8 @@ from edgepilot.errors import CommandError, EdgepilotError
 from edgepilot.http.api import api_of
 from edgepilot.http.openai_tools import (
     check_messages,
+    completion_logprobs,
+    logprob_params,
     response_format_params,
     tool_choice_needs_tools,
     whole_as_chunks,
@@ -169,10 +171,16 @@ class ChatRequest(Sampling):
     tools: list[ToolDef] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="At most one call is made.")
+    logprobs: bool | None = Field(None, description="Each answer token's logprob (not "
+                                  "with stream).")
+    top_logprobs: int | None = Field(None, ge=0, le=20,
+                                     description="Alternatives per token (needs logprobs).")
 
 
 class CompletionRequest(Sampling):
     prompt: Text | list[Text]
+    logprobs: int | None = Field(None, ge=0, le=5, description="Each answer token's logprob "
+                                 "and this many alternatives (not with stream).")
 
 
 def _generator(request: Request) -> Generator:
@@ -212,6 +220,7 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         params["max_tokens"] = req.max_completion_tokens
     check_messages([m.model_dump() for m in req.messages])
     tool_choice_needs_tools(req.tools, req.tool_choice)
+    params.update(logprob_params(req.logprobs, req.top_logprobs, req.stream, "logprobs"))
     messages = [m.as_llama() for m in req.messages]
     params.update(response_format_params(req.response_format))
     if req.tools and req.tool_choice != "none":
@@ -244,7 +253,16 @@ async def completions(req: CompletionRequest, request: Request) -> Any:
         if len(prompt) != 1:
             raise CommandError("exactly one prompt per request is supported", field="prompt")
         prompt = prompt[0]
-    return await _answer(request, req, "complete", prompt, req.llama_params())
+    params = {**req.llama_params(), **logprob_params(req.logprobs, None, req.stream, "logprobs")}
+    if "logprobs_top" not in params:
+        return await _answer(request, req, "complete", prompt, params)
+    result = await _generator(request).generate(req.model, "complete", prompt, params)
+    assert isinstance(result, dict)  # logprobs come with whole answers only
+    result["model"] = req.model
+    for choice in result["choices"]:
+        choice["logprobs"] = completion_logprobs(
+            (choice.get("logprobs") or {}).get("content") or [])
+    return JSONResponse(result)
 
 
 async def _answer(request: Request, req: Sampling, kind: Literal["chat", "complete"],

@@ -80,6 +80,37 @@ def tool_choice_needs_tools(tools: list[Any] | None, choice: Any) -> None:
                            field="tool_choice")
 
 
+def logprob_params(logprobs: bool | int | None, top: int | None, stream: bool,
+                   field: str) -> dict[str, Any]:
+    """The generation parameter of OpenAI's ``logprobs`` (chat: a flag and ``top_logprobs``;
+    completions: the count of alternatives): ``{"logprobs_top": n}``, or ``{}`` for none."""
+    if top is not None and logprobs is not True:
+        raise CommandError("top_logprobs needs logprobs: true", field="top_logprobs")
+    if logprobs is None or logprobs is False:
+        return {}
+    if stream:
+        raise CommandError("logprobs are given with whole answers only; send stream: false",
+                           field=field)
+    return {"logprobs_top": int(top or 0) if logprobs is True else int(logprobs)}
+
+
+def completion_logprobs(content: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat shape of token logprobs as ``/v1/completions`` answers them."""
+    offsets, at = [], 0
+    for entry in content:
+        offsets.append(at)
+        at += len(entry["token"])
+    tops = []
+    for entry in content:
+        top: dict[str, float] = {}
+        for alt in entry["top_logprobs"]:  # best first: tokens of one text keep the best
+            top.setdefault(alt["token"], alt["logprob"])
+        tops.append(top)
+    return {"tokens": [e["token"] for e in content],
+            "token_logprobs": [e["logprob"] for e in content],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
 def with_tool_calls(result: dict[str, Any], tools: ToolRequest) -> dict[str, Any]:
     """A whole chat answer whose text is a tool call, rewritten as OpenAI's ``tool_calls``."""
     choice = result["choices"][0]

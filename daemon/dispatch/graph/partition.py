@@ -186,6 +186,25 @@ def merge_layers(part: Partition, first: int) -> None:
     part.layers = layers_of(part.nodes, ranges, part.outputs, part.tensor_bytes)
 
 
+def merge_to(part: Partition, names: Sequence[str]) -> bool:
+    """Merge adjacent layers of ``part`` (in place) until their names are ``names``: the
+    layers a board of the same kind ended with after merging those its reference could not
+    run alone. False, ``part`` unchanged, when ``names`` is no such coarsening."""
+    before = part.layers
+    i = 0
+    while i < len(part.layers) and i < len(names):
+        if part.layers[i].name == names[i]:
+            i += 1
+        elif i + 1 < len(part.layers):
+            merge_layers(part, i)
+        else:
+            break
+    if [lay.name for lay in part.layers] != list(names):
+        part.layers = before
+        return False
+    return True
+
+
 def _coalesce(ranges: list[tuple[int, int]], nodes: Sequence[Node],
               threshold: int) -> list[tuple[int, int]]:
     """Merge every range under ``threshold`` FLOPs into its lighter neighbour, lightest first."""

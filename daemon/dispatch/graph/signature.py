@@ -11,6 +11,7 @@ one input's shape can settle the others.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -134,3 +135,14 @@ def _fmt(shape: Sequence[int | str | None]) -> str:
 
 def _example(shape: Sequence[int | str | None]) -> str:
     return "x".join(str(d) if isinstance(d, int) and d > 0 else "N" for d in shape) or "scalar"
+
+
+def file_shapes(model: str, path: Path, specs: Sequence[TensorSpec]) -> Shapes:
+    """The shapes a model is planned at when none were given: the file's own fixed dims (for
+    TFLite, the shapes the file allocates where its signature says -1)."""
+    defaults = None
+    if path.suffix.lower() == ".tflite":  # flatbuffers only where TFLite is installed
+        from edgepilot.dispatch.graph.tflite_layers import default_shapes
+
+        defaults = default_shapes(path)
+    return resolve_shapes(model, specs, {}, defaults=defaults)

@@ -40,6 +40,30 @@ def reference_for(part: Partition, backends: Mapping[str, Backend], targets: lis
     return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
 
 
+def published_reference(part: Partition, backends: Mapping[str, Backend],
+                        targets: list[Target], feeds: Sequence[Feed], name: str
+                        ) -> tuple[Target, list[Feed]] | None:
+    """The reference a board of the same kind found (``name``) and its outputs here, when it
+    is one of this board's candidates and runs the whole model here; None: search as usual.
+
+    A plan adopted from such a board needs no search: the candidates that failed there fail
+    here, and the layers it had to merge are in its published layer list."""
+    from edgepilot.dispatch.targets import reference_targets
+
+    precision = "fp32"
+    if part.kind == "tflite":
+        from edgepilot.backends.tflite import file_precision
+
+        precision = file_precision(part.model_path)
+    found = [t for t in reference_targets(targets, part.kind, precision) if str(t) == name]
+    if not found:
+        return None
+    try:
+        return pick_reference(part, backends, found, feeds)
+    except UnrunnableModel:
+        return None
+
+
 def pick_reference(part: Partition, backends: Mapping[str, Backend],
                    candidates: Sequence[Target], feeds: Sequence[Feed]
                    ) -> tuple[Target, list[Feed]]:

@@ -25,8 +25,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from edgepilot.backends.base import Backend, Target
 from edgepilot.board.board import Board
+from edgepilot.dispatch.graph.partition import Partition, merge_to
 from edgepilot.dispatch.measuring.measure import LatencyTable
+from edgepilot.dispatch.measuring.runnable import Feed, published_reference
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,8 @@ FORMAT = 1
 Emit = Callable[..., Any]
 # (topic suffix "<fingerprint>/<model sha256>/<signature>", payload): the transport's publish
 Publisher = Callable[[str, bytes], None]
+# times the plan being verified once more: (end-to-end ms, each segment's ms)
+Retime = Callable[[], tuple[float, list[float]]]
 _SHA_CHARS = frozenset("0123456789abcdef")
 
 
@@ -122,8 +127,12 @@ class PlanExchange:
 
     # ---- using (the planning thread) ---------------------------------------------------------
     def find(self, parts: Mapping[str, Any], model_sha: str, signature: str,
-             layers: Sequence[str], targets: Sequence[str]) -> dict[str, Any] | None:
-        """A published plan for this model and signature that fits this board, or None."""
+             layers: Sequence[str], targets: Sequence[str],
+             fits: Callable[[list[str]], bool] | None = None) -> dict[str, Any] | None:
+        """A published plan for this model and signature that fits this board, or None.
+
+        ``fits``: whether this board's layers can be made the published ones (merging
+        neighbours as the publisher's reference did); without it they must equal ``layers``."""
         fp = self.fingerprint_of(parts)
         if self.subscribing:
             self.ready.wait(self.wait_s)
@@ -133,7 +142,8 @@ class PlanExchange:
         if doc is None:
             return None
         why = None
-        if list(doc["layers"]) != list(layers):
+        if not (fits(list(doc["layers"])) if fits is not None
+                else list(doc["layers"]) == list(layers)):
             why = (f"layer boundaries differ: {len(doc['layers'])} layers published, "
                    f"{len(layers)} here")
         else:
@@ -150,10 +160,35 @@ class PlanExchange:
         return doc
 
     def adopt(self, doc: dict[str, Any], name: str, segments: Sequence[tuple[str, int, int]],
-              measured_ms: float | None, segment_ms: Sequence[float], spent_s: float) -> bool:
+              measured_ms: float | None, segment_ms: Sequence[float], spent_s: float,
+              retime: Retime | None = None) -> bool:
         """Whether the plan just made from ``doc`` holds on this board: its end-to-end time and
         each segment's within ``tolerance`` of the published figures (``plan.adopted``; else
-        ``plan.rejected`` and the caller measures)."""
+        ``plan.rejected`` and the caller measures). ``retime`` times the plan once more when
+        the first timing misses: load from other processes only ever slows a run, so the
+        faster of two timings is the one compared."""
+        why = self._differs(doc, segments, measured_ms, segment_ms)
+        if why is not None and retime is not None and measured_ms is not None:
+            again, per = retime()
+            measured_ms = min(measured_ms, again)
+            segment_ms = [min(a, b) for a, b in zip(segment_ms, per, strict=False)]
+            why = self._differs(doc, segments, measured_ms, segment_ms)
+        if why is not None:
+            self.reject(self._topic_of(doc), f"verification: {why}", model=name)
+            return False
+        published = doc["plan"]
+        self.adopted += 1
+        planning_s = float(doc["planning_s"])
+        self.emit("plan.adopted", model=name, signature=doc["signature"],
+                  fingerprint=doc["fingerprint"], source=doc.get("device_id"),
+                  adopt_s=round(spent_s, 3), planning_s=round(planning_s, 3),
+                  ratio=round(spent_s / planning_s, 4) if planning_s > 0 else None,
+                  measured_ms=measured_ms, published_ms=published["measured_ms"])
+        return True
+
+    def _differs(self, doc: dict[str, Any], segments: Sequence[tuple[str, int, int]],
+                 measured_ms: float | None, segment_ms: Sequence[float]) -> str | None:
+        """How this board's timing of a published plan misses its figures (None: it holds)."""
         published = doc["plan"]
         why = None
         if measured_ms is None or not _close(measured_ms, published["measured_ms"],
@@ -166,17 +201,7 @@ class PlanExchange:
                     why = (f"segment {k}: {mine:.4f} ms here vs {theirs:.4f} ms published "
                            f"(tolerance {self.tolerance:.0%})")
                     break
-        if why is not None:
-            self.reject(self._topic_of(doc), f"verification: {why}", model=name)
-            return False
-        self.adopted += 1
-        planning_s = float(doc["planning_s"])
-        self.emit("plan.adopted", model=name, signature=doc["signature"],
-                  fingerprint=doc["fingerprint"], source=doc.get("device_id"),
-                  adopt_s=round(spent_s, 3), planning_s=round(planning_s, 3),
-                  ratio=round(spent_s / planning_s, 4) if planning_s > 0 else None,
-                  measured_ms=measured_ms, published_ms=published["measured_ms"])
-        return True
+        return why
 
     def publish(self, parts: Mapping[str, Any], doc: dict[str, Any]) -> None:
         """Publish a plan this board measured (retained, so boards that come later find it)."""
@@ -195,9 +220,45 @@ class PlanExchange:
                   fingerprint=fp, planning_s=doc.get("planning_s"))
 
 
+    def drop(self, doc: dict[str, Any], reason: str, **fields: Any) -> None:
+        """Refuse a plan ``find`` returned: one ``plan.rejected`` event, and it is not found
+        again."""
+        topic = self._topic_of(doc)
+        with self._lock:
+            for key, (_, held) in list(self._docs.items()):
+                if held is doc:
+                    del self._docs[key]
+        self.reject(topic, reason, **fields)
+
     def _topic_of(self, doc: dict[str, Any]) -> str:
         with self._lock:
             return next((t for t, d in self._docs.values() if d is doc), "")
+
+
+def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
+              signature: str, backends: Mapping[str, Backend], targets: list[Target],
+              feeds: Sequence[Feed]) -> tuple[dict[str, Any], Target, list[Feed]] | None:
+    """A published plan for this model, its reference target and that target's outputs on
+    ``feeds`` here; None: this board plans as usual.
+
+    Adopting skips the reference search and the layer-by-layer runs that find the layers the
+    reference cannot run alone: ``part``'s layers are merged (in place) into the published
+    ones, which is accepted only when it gives the same layers, and the reference is the one
+    the publisher found, run here on the whole model (its outputs are what the plan's output
+    error is checked against)."""
+    before = part.layers
+    doc = exchange.find(parts, part.model_hash, signature, [], [str(t) for t in targets],
+                        fits=lambda names: merge_to(part, names))
+    if doc is None:
+        return None
+    name = str(doc["profile"]["reference"])
+    got = published_reference(part, backends, targets, feeds, name)
+    if got is None:
+        part.layers = before
+        exchange.drop(doc, f"its reference {name} is not one here or does not run the "
+                      "whole model here", model_sha256=part.model_hash)
+        return None
+    return doc, got[0], got[1]
 
 
 def _close(mine: float, theirs: float, tolerance: float) -> bool:

@@ -88,6 +88,18 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     if len(plan.segments) < 2 or target is None or margin < 0:
         return None  # a negative margin keeps any split (tests pinning one)
     t, n = Target.parse(target), len(part.layers)
+    # the verdict on this very split is kept with the profile: a restart, a plan from the
+    # cache or one adopted from a board of the same kind serves what was decided, not what
+    # one more noisy timing would say (nor compiles the single target to keep the split)
+    segments = [list(seg) for seg in plan.segments]
+    prior = builder.profile.extra.get("versus")
+    v = None
+    if prior and prior.get("segments") == segments and prior.get("target") == target:
+        v = Verdict(prior["plan_ms"], prior["single_ms"], prior["ratio"], prior["noise"],
+                    prior["kept"] == "plan")
+        if v.keep_plan:
+            plan.versus_single = {k: prior[k] for k in prior if k != "segments"}
+            return None
     whole = part.segment(0, n)
     try:
         exe = backends[t.backend].compile(whole, t)
@@ -95,14 +107,7 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         return None
     whole_ms = float(builder.profile.extra.get("whole_ms", {}).get(target, plan.predicted_ms))
     single = CompiledPlan([CompiledSegment(target, 0, n, whole, exe, whole_ms)], part.outputs)
-    # the verdict on this very split is kept with the profile: a restart or a plan from the
-    # cache serves what was decided, not what one more noisy timing would say
-    segments = [list(seg) for seg in plan.segments]
-    prior = builder.profile.extra.get("versus")
-    if prior and prior.get("segments") == segments and prior.get("target") == target:
-        v = Verdict(prior["plan_ms"], prior["single_ms"], prior["ratio"], prior["noise"],
-                    prior["kept"] == "plan")
-    else:
+    if v is None:
         v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin,
                    progress=progress)
     record = {"target": target, "plan_ms": round(v.plan_ms, 4),

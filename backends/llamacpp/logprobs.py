@@ -1,0 +1,114 @@
+"""Log-probabilities of the sampled tokens, for OpenAI's ``logprobs`` / ``top_logprobs``.
+
+llama-cpp-python computes logprobs only for a model loaded with ``logits_all`` (the logits of
+every position kept: n_ctx x vocabulary floats, hundreds of MiB for a small model, and a slower
+prefill for every request). Here a logits processor, first in the list so that it sees the
+model's raw logits before penalties, grammar or temperature, takes the log-softmax of each
+step's logits and keeps the sampled token's value and the ``top`` best alternatives; only the
+last step's vector is held at a time. The result is OpenAI's chat shape
+(``[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]``), one entry per token
+of the answer: the end-of-generation token is left out; ``token`` is the part of the answer's
+text the token wrote (so the tokens concatenate to the text, as llama-cpp-python decodes it,
+dropping bytes that are no UTF-8; a token cut by a ``stop`` string keeps the part before it),
+``bytes`` the token's own bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from edgepilot.backends.llamacpp.runtime import import_llama_cpp
+
+MAX_TOP = 20  # OpenAI's limit on top_logprobs
+
+
+class LogprobRecorder:
+    """A llama-cpp-python logits processor recording one generation's token logprobs."""
+
+    def __init__(self, llm: Any, top: int) -> None:
+        self.llm = llm
+        self.top = max(0, min(int(top), MAX_TOP))
+        # per sampled token: (its logprob, the top ids, their logprobs)
+        self.steps: list[tuple[float, np.ndarray, np.ndarray]] = []
+        self._pending: np.ndarray | None = None  # the last step's log-softmax
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self._close()
+        x = np.asarray(scores, dtype=np.float64)
+        peak = float(np.max(x))
+        self._pending = (x - (peak + np.log(np.exp(x - peak).sum()))).astype(np.float32)
+        return scores
+
+    def _close(self) -> None:
+        """Record the pending step once its token was sampled (``llm.sampled`` grew)."""
+        lp = self._pending
+        sampled = self.llm.sampled
+        if lp is None or len(sampled) <= len(self.steps):
+            return
+        token = int(sampled[len(self.steps)])
+        ids = np.zeros(0, dtype=np.int64)
+        if self.top:
+            ids = np.argpartition(-lp, self.top - 1)[:self.top]
+            ids = ids[np.argsort(-lp[ids], kind="stable")]
+        self.steps.append((float(lp[token]), ids, lp[ids]))
+        self._pending = None
+
+    def content(self, text: str | None) -> list[dict[str, Any]]:
+        """OpenAI's ``logprobs.content`` for the answer ``text`` (after the generation)."""
+        self._close()
+        if not text:
+            return []
+        llama_cpp = import_llama_cpp()
+        vocab = self.llm._model.vocab
+        out: list[dict[str, Any]] = []
+        held, done, at = b"", "", 0
+        for token, (logprob, ids, lps) in zip(self.llm.sampled, self.steps, strict=False):
+            if at >= len(text) or llama_cpp.llama_vocab_is_eog(vocab, int(token)):
+                break
+            piece = self._piece(int(token))
+            # the text as llama-cpp-python decodes it (bytes that are no UTF-8 dropped): a
+            # token whose bytes end a character carries it, one that starts it carries ""
+            held += piece
+            now = held.decode("utf-8", errors="ignore")
+            mine = now[len(done):] if now.startswith(done) else ""
+            done = now
+            mine = mine[:len(text) - at]  # a stop string cut the answer here
+            at += len(mine)
+            out.append({"token": mine, "logprob": logprob, "bytes": list(piece),
+                        "top_logprobs": [self._entry(self._piece(int(i)), float(v))
+                                         for i, v in zip(ids, lps, strict=True)]})
+        return out
+
+    def _piece(self, token: int) -> bytes:
+        return bytes(self.llm.detokenize([token]))
+
+    @staticmethod
+    def _entry(piece: bytes, logprob: float) -> dict[str, Any]:
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(piece)}
+
+
+def with_logprobs(params: dict[str, Any], llm: Any) -> tuple[dict[str, Any],
+                                                             LogprobRecorder | None]:
+    """``params`` without ``logprobs_top`` (the daemon's: how many alternatives per token,
+    absent or None for no logprobs), with a recorder first among its logits processors."""
+    top = params.pop("logprobs_top", None)
+    if top is None:
+        return params, None
+    recorder = LogprobRecorder(llm, int(top))
+    llama_cpp = import_llama_cpp()
+    processors = llama_cpp.LogitsProcessorList([recorder,
+                                                *(params.get("logits_processor") or [])])
+    return {**params, "logits_processor": processors}, recorder
+
+
+def attach(out: dict[str, Any], recorder: LogprobRecorder | None, chat: bool) -> dict[str, Any]:
+    """A whole answer with its first choice's ``logprobs`` set from ``recorder``."""
+    if recorder is None:
+        return out
+    choice = out["choices"][0]
+    text = choice["message"].get("content") if chat else choice.get("text")
+    choice["logprobs"] = {"content": recorder.content(text)}
+    return out
