@@ -181,6 +181,11 @@ class Backend(ABC):
     def supports(self, segment: Segment, target: Target) -> Support:
         """True only if ``target`` runs every op of ``segment`` (no silent CPU fallback)."""
 
+    def takes(self, kind: ModelKind) -> bool:
+        """Whether any segment of a ``kind`` model can be supported (False: ``supports`` is
+        False for all of them, and the planner asks about none)."""
+        return True
+
     @abstractmethod
     def compile(self, segment: Segment, target: Target) -> Executable:
         """Build a warm executable; raise BackendError with the runtime's reason on failure."""

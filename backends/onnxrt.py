@@ -21,6 +21,7 @@ from edgepilot.backends.base import (
     Backend,
     BackendUnavailable,
     Executable,
+    ModelKind,
     Segment,
     Support,
     Target,
@@ -223,6 +224,9 @@ class OnnxRuntimeBackend(Backend):
         popts = self.settings.provider_options
         options = dict(popts.get(provider) or popts.get(device) or {})
         return ort.InferenceSession(data, sess_options=opts, providers=[(provider, options)])
+
+    def takes(self, kind: ModelKind) -> bool:
+        return kind == "onnx"
 
     def supports(self, segment: Segment, target: Target) -> Support:
         if segment.kind != "onnx":

@@ -31,6 +31,7 @@ from edgepilot.backends.base import (
     Backend,
     BackendUnavailable,
     Executable,
+    ModelKind,
     Segment,
     Support,
     Target,
@@ -257,6 +258,9 @@ class TfliteBackend(Backend):
 
     def probe(self) -> list[Target]:
         return [Target(self.name, d, p) for d in self.devices() for p in ("fp32", "int8")]
+
+    def takes(self, kind: ModelKind) -> bool:
+        return kind == "tflite"
 
     def supports(self, segment: Segment, target: Target) -> Support:
         if segment.kind != "tflite":

@@ -319,3 +319,21 @@ def test_partition_reuses_the_cached_graph(tmp_path: Path) -> None:
     assert one.graph_path.stat().st_mtime_ns == stamp
     assert [lay.name for lay in two.layers] == [lay.name for lay in one.layers]
     assert two.tensor_bytes == one.tensor_bytes
+
+
+def test_a_lazy_partition_writes_its_graph_when_a_partial_segment_needs_it(
+        tmp_path: Path) -> None:
+    """A plan adopted from a board of the same kind often runs the whole file: its annotated
+    copy is written when the first partial segment is cut (or later, in the background)."""
+    path = shape_arith_model(tmp_path / "arith.onnx")
+    lazy = partition(path, shapes={"x": (2, 8)}, cache_dir=tmp_path / "graphs", lazy=True,
+                     min_layer_flops=1)
+    assert lazy.graph_path is not None and not lazy.graph_path.exists()
+    assert len(lazy.layers) > 1
+    assert lazy.segment(0, len(lazy.layers)).model_path == path and not lazy.graph_path.exists()
+    assert lazy.segment(0, 1).model_path == lazy.graph_path and lazy.graph_path.is_file()
+    eager = partition(path, shapes={"x": (2, 8)}, cache_dir=tmp_path / "other",
+                      min_layer_flops=1)
+    assert eager.graph_path is not None and eager.graph_path.is_file()
+    assert [lay.name for lay in eager.layers] == [lay.name for lay in lazy.layers]
+    assert onnx.load(str(eager.graph_path)) == onnx.load(str(lazy.graph_path))

@@ -32,6 +32,7 @@ from edgepilot.backends.base import (
     Backend,
     BackendOptions,
     Executable,
+    ModelKind,
     Segment,
     Support,
     Target,
@@ -275,6 +276,9 @@ class IsolatedBackend(Backend):
 
     def supports(self, segment: Segment, target: Target) -> Support:
         return self.inner.supports(segment, target)
+
+    def takes(self, kind: ModelKind) -> bool:
+        return self.inner.takes(kind)
 
     def version(self) -> str | None:
         return self.inner.version()

@@ -38,19 +38,17 @@ from edgepilot.dispatch.measuring.measure import (
 from edgepilot.dispatch.measuring.runnable import reference_for
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
-from edgepilot.dispatch.planning.kernels import KernelModel
-from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose
+from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose, given
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
-from edgepilot.dispatch.planning.shared import adoptable
+from edgepilot.dispatch.planning.shared import adoptable, published_segments
 from edgepilot.dispatch.planning.versus import single_instead
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
 log = logging.getLogger(__name__)
 Emit = Callable[..., Any]
-# (targets, progress) -> kernel models per target name (the dispatcher's CorpusStore)
-CorpusProvider = Callable[[list[Target], Progress | None], dict[str, KernelModel]]
 
 
 @dataclass
@@ -116,7 +114,7 @@ class ModelDispatch:
                 self.name, self.opts.calibration_dir, list(self.recent()))
             self.part = part = partition(self.path, kind, shapes=self.shapes,
                                          cache_dir=self.graph_dir, feed=samples.feeds[0],
-                                         max_layers=self.opts.max_layers)
+                                         max_layers=self.opts.max_layers, lazy=True)
             # keep every target of a backend that takes this kind of model: one that covers
             # only some layers (a delegate) is a planning fact, used for the layers it covers
             self.targets = [t for t in self.targets if t.backend in self.backends
@@ -124,9 +122,9 @@ class ModelDispatch:
             self.calibration = samples.feeds
             shared = self.cache.shared if self.cache is not None else None
             # a plan an identical board published (dispatch/planning/shared.py)
-            found = adoptable(shared, self.key_parts, part, self.signature, self.backends,
-                              self.targets, self.calibration) if shared and not reprofile \
-                else None
+            found = (adoptable(shared, self.key_parts, part, self.signature, self.backends,
+                               self.targets, self.calibration) if shared and not reprofile
+                     else None)
             adopted = found[0] if found else None
             ref, self.ref_outputs, merges = (found[1], found[2], []) if found else reference_for(
                 part, self.backends, self.targets, self.calibration)
@@ -139,8 +137,7 @@ class ModelDispatch:
                              "runs": self.opts.runs, "passes": self.opts.passes,
                              "layers": layers})
             cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
-            adopted = None if cached is not None else adopted  # its own cache first
-            cached = cached or adopted
+            adopted, cached = (None, cached) if cached else (adopted, adopted)  # own cache first
             self.from_cache = cached is not None
             forced: dict[int, str] = {}
             if cached is not None:
@@ -157,9 +154,11 @@ class ModelDispatch:
             self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
                                        freqs=dict(self.freqs), budgets=dict(self.budgets),
                                        split_margin=self.opts.hysteresis,
-                                       kernels=self._kernels())
+                                       kernels=corpus_fits(self.corpus, self.targets,
+                                                           self.progress))
             plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
-                                         else "reprofile" if reprofile else "initial")
+                                         else "reprofile" if reprofile else "initial",
+                                         published_segments(adopted) if adopted else None)
             spent = plan.planning_s = round(time.monotonic() - started, 3)
             if adopted and shared and not shared.adopt(
                     adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
@@ -176,22 +175,12 @@ class ModelDispatch:
                 if shared is not None and not self.from_cache:
                     shared.publish(self.key_parts, doc)
             self._install(plan, compiled)
+            part.write_graph_later()
             return plan
 
     @property
     def signature(self) -> str:
         return signature_of(self.shapes) if self.shapes is not None else ""
-
-    def _kernels(self) -> dict[str, KernelModel]:
-        """The targets' kernel-corpus fits (measured on a board's first plan, then cached)."""
-        if self.corpus is None:
-            return {}
-        try:
-            return self.corpus(self.targets, self.progress)
-        except EdgepilotError as exc:
-            log.warning("kernel corpus unavailable, predicting from layer fits: %s",
-                        exc.message)
-            return {}
 
     def _backend(self, target: Target) -> Backend:
         try:
@@ -217,12 +206,15 @@ class ModelDispatch:
         return max(output_error(compiled.run(feed)[0], ref, self.opts.metric)
                    for feed, ref in zip(self.calibration, self.ref_outputs, strict=True))
 
-    def _build(self, reason: str) -> tuple[Plan, CompiledPlan]:
-        """Plan, compile, check; repair (worst layer back to fp32) until within tolerance."""
+    def _build(self, reason: str, keep: list[tuple[str, int, int]] | None = None
+               ) -> tuple[Plan, CompiledPlan]:
+        """Plan (``keep``: these segments, a published plan's), compile, check; repair (worst
+        layer back to fp32) until within tolerance."""
         assert self.builder is not None and self.reference is not None
         ref = str(self.reference)
         while True:
-            plan = choose(self.name, self.builder, reason)
+            plan = (given(self.name, self.builder, keep, reason) if keep else None) \
+                or choose(self.name, self.builder, reason)
             compiled = self._compile(plan, self.builder.table())
             err = self.check_error(compiled)
             movable = [(self.builder.profile.cells[i][t].error or 0.0, i)
@@ -234,10 +226,12 @@ class ModelDispatch:
             if self.progress:  # a stopping daemon cancels here too
                 self.progress(0, 0, f"{what} back to the reference")
             self.builder.forced[max(movable)[1]] = ref
+            keep = None  # the published plan's error does not hold here: repaired as usual
         plan.error = err
         assert self.part is not None  # partitioned before any plan
-        time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
-                          self.opts.runs, self.opts.warmup, self.opts.passes)
+        if keep is None:  # a published plan's segments were timed where it was made
+            time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
+                              self.opts.runs, self.opts.warmup, self.opts.passes)
         # predicted above from earlier observations only; this measurement joins them after
         plan.measured_ms, per_segment = time_plan(compiled, self.calibration[0], self.opts.runs,
                                                   warmup=1, min_total_ms=MIN_TIMED_MS,
@@ -398,3 +392,4 @@ class ModelDispatch:
                     "inputs_used": self.samples.describe() if self.samples else None,
                     "from_cache": self.from_cache, "excluded": sorted(self.builder.excluded),
                     "monitor": self.monitor.snapshot()}
+

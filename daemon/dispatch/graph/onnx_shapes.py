@@ -75,9 +75,24 @@ class ConcreteGraph:
     tensors: dict[str, TensorInfo]
     folded: bool
     measured: int          # tensors whose shape came from a run, not from inference
+    # the annotated model when it was just made and not yet written to ``path``
+    model: onnx.ModelProto | None = None
 
     def load(self) -> onnx.ModelProto:
-        return onnx.load(str(self.path))
+        return self.model if self.model is not None else onnx.load(str(self.path))
+
+    def write(self) -> None:
+        """Write the annotated copy to ``path`` (partial segments are cut from that file)."""
+        model, self.model = self.model, None
+        if model is None:
+            return
+        tmp_out = self.path.with_suffix(f".tmp{os.getpid()}")
+        if model.ByteSize() > _INLINE_LIMIT:
+            onnx.save(model, str(tmp_out), save_as_external_data=True,
+                      location=self.path.name + ".data")
+        else:
+            onnx.save(model, str(tmp_out))
+        tmp_out.replace(self.path)
 
 
 def _np_dtype(elem_type: int) -> str:
@@ -219,11 +234,14 @@ def _annotate(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
 
 
 def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Path,
-                   feed: Mapping[str, np.ndarray] | None = None) -> ConcreteGraph:
+                   feed: Mapping[str, np.ndarray] | None = None,
+                   write: bool = True) -> ConcreteGraph:
     """The model at ``path`` annotated for ``shapes`` (built once per file and signature).
 
     ``feed`` is one realistic input of those shapes, run only when inference leaves tensors
-    unknown (data-dependent shapes depend on values: ids must be valid ids).
+    unknown (data-dependent shapes depend on values: ids must be valid ids). ``write=False``
+    keeps a new copy in memory until :meth:`ConcreteGraph.write` (a plan that runs the
+    whole file never needs it on disk).
     """
     sig = signature_of(shapes)
     # "|2": measured tensors keep symbolic dims (entries made before hold them fixed)
@@ -266,13 +284,10 @@ def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Pat
         raise PlanError(f"{path.name}: tensors {still[:3]} were neither inferred nor produced "
                         "by a run; cannot cut this graph", field="model")
     _annotate(model, tensors, missing)
-    tmp_out = out.with_suffix(f".tmp{os.getpid()}")
-    if model.ByteSize() > _INLINE_LIMIT:
-        onnx.save(model, str(tmp_out), save_as_external_data=True,
-                  location=out.name + ".data")
-    else:
-        onnx.save(model, str(tmp_out))
-    tmp_out.replace(out)
     log.info("%s: shapes for %s (%s folded, %d tensors measured)", path.name, sig,
              "constant" if folded is not None else "not", measured)
-    return ConcreteGraph(out, tensors, folded=folded is not None, measured=measured)
+    graph = ConcreteGraph(out, tensors, folded=folded is not None, measured=measured,
+                          model=model)
+    if write:
+        graph.write()
+    return graph

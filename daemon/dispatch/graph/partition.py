@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,23 @@ class Partition:
     # cut from (an ONNX copy annotated for those shapes; the model file itself for TFLite)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     graph_path: Path | None = None
+    # writes ``graph_path`` when the first partial segment needs it (see ``partition``)
+    pending: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
+                                        compare=False)
+
+    def write_graph(self) -> None:
+        """Write the annotated graph copy if it is still only in memory (idempotent)."""
+        with self._graph_lock:
+            if self.pending is not None:
+                self.pending()
+                self.pending = None
+
+    def write_graph_later(self) -> None:
+        """Write the copy in a background thread: the plan in hand runs the whole file, and a
+        later replan's first partial segment waits for the write (:meth:`segment`)."""
+        if self.pending is not None:
+            threading.Thread(target=self.write_graph, name="graph-write", daemon=True).start()
 
     def segment(self, start: int, end: int) -> Segment:
         """The segment running layers ``[start, end)``; the full range is the whole model."""
@@ -77,6 +95,7 @@ class Partition:
         name = f"{self.model_path.stem}[{start}:{end}]"
         if start == 0 and end == len(self.layers):
             return Segment(self.model_path, self.kind, self.inputs, self.outputs, None, name)
+        self.write_graph()
         ins, outs = range_io(self.nodes, self.layers[start].start, self.layers[end - 1].end,
                              self.outputs)
         return Segment(self.graph_path or self.model_path, self.kind, ins, outs, (start, end),
@@ -233,13 +252,16 @@ def partition(path: Path, kind: ModelKind | None = None, *,
               shapes: Mapping[str, tuple[int, ...]] | None = None,
               cache_dir: Path | None = None,
               feed: Mapping[str, np.ndarray] | None = None,
-              min_layer_flops: int | None = None, max_layers: int = 48) -> Partition:
+              min_layer_flops: int | None = None, max_layers: int = 48,
+              lazy: bool = False) -> Partition:
     """Partition an ONNX or TFLite file into layers (kind from the extension when None).
 
     ``shapes`` are the plan's concrete input shapes (default: the file's own, which must then
     be fixed). ONNX graphs are first made concrete for them (written under ``cache_dir``; a
     temporary directory when None), ``feed`` being one realistic input of those shapes for
-    graphs whose tensor shapes only a run can tell.
+    graphs whose tensor shapes only a run can tell. ``lazy``: a new concrete copy is written
+    when the first partial segment is cut, not before (a plan adopted from a board of the
+    same kind often runs the whole file; the caller calls ``write_graph_later`` once done).
     """
     path = Path(path)
     if kind is None:
@@ -247,6 +269,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         kind = kinds.get(path.suffix.lower())
     digest = files.sha256_of(path)
     graph_path: Path | None = None
+    pending: Callable[[], None] | None = None
     if kind == "onnx":
         from edgepilot.dispatch.graph.onnx_layers import nodes_of
         from edgepilot.dispatch.graph.onnx_shapes import concrete_graph
@@ -262,9 +285,13 @@ def partition(path: Path, kind: ModelKind | None = None, *,
             shapes = resolve_shapes(path.stem, specs, {})
         if cache_dir is None:
             cache_dir = Path(tempfile.mkdtemp(prefix="edgepilot-graphs-"))
-        graph = concrete_graph(path, digest, dict(shapes), cache_dir, feed)
+        graph = concrete_graph(path, digest, dict(shapes), cache_dir, feed, write=False)
         graph_path = graph.path
         nodes, ins, outs, sizes = nodes_of(graph.load(), graph.tensors)
+        if graph.model is not None:
+            pending = graph.write
+            if not lazy:
+                graph.write()
     elif kind == "tflite":
         from edgepilot.dispatch.graph.tflite_layers import default_shapes, read_tflite
 
@@ -280,11 +307,14 @@ def partition(path: Path, kind: ModelKind | None = None, *,
                         field="model")
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
-                     list(nodes), sizes, dict(shapes or {}), graph_path)
+                     list(nodes), sizes, dict(shapes or {}), graph_path,
+                     pending if lazy else None)
 
 
 def covers_any(backend: Backend, part: Partition, target: Target) -> bool:
     """Whether ``target`` runs the whole model or at least one of its layers."""
+    if not backend.takes(part.kind):  # asks nothing of a lazy partition's graph copy
+        return False
     if backend.supports(part.segment(0, len(part.layers)), target):
         return True
     return any(backend.supports(part.segment(i, i + 1), target) for i in range(len(part.layers)))

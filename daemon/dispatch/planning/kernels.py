@@ -19,15 +19,21 @@ alone (fusion, cache reuse between operators).
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edgepilot.backends.base import Target
+from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.planning.costmodel import nnls_relative
+from edgepilot.errors import EdgepilotError
+
+log = logging.getLogger(__name__)
 
 # operators ORT removes or turns into views: no kernel of their own
 FREE_OPS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Constant",
@@ -176,3 +182,21 @@ def correction(kernel_ms: Sequence[float | None], measured_ms: Sequence[float | 
         (same if c == classes[held] else other).append(math.log(m / k))
     logs = same or other
     return math.exp(statistics.fmean(logs)) if logs else 1.0
+
+
+# (targets, progress) -> kernel models per target name (the dispatcher's CorpusStore)
+CorpusProvider = Callable[[list[Target], Progress | None], dict[str, "KernelModel"]]
+
+
+def corpus_fits(corpus: CorpusProvider | None, targets: list[Target],
+                progress: Progress | None) -> dict[str, KernelModel]:
+    """The targets' kernel-corpus fits (measured on a board's first plan, then cached); {}
+    without a corpus or when it cannot be had (predictions then rest on the layer fits)."""
+    if corpus is None:
+        return {}
+    try:
+        return corpus(targets, progress)
+    except EdgepilotError as exc:
+        log.warning("kernel corpus unavailable, predicting from layer fits: %s", exc.message)
+        return {}
+

@@ -340,6 +340,25 @@ def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
     return describe(name, builder, assign, cost, table, reason)
 
 
+def given(name: str, builder: CostBuilder, segments: list[tuple[str, int, int]],
+          reason: str) -> Plan | None:
+    """The plan of ``segments`` as they are (a plan a board of the same kind published: what
+    it decided, its side-by-side check against a single target included, is not decided
+    again); None when they do not cover this builder's layers with its targets."""
+    table = builder.table()
+    assign: list[int] = []
+    for target, start, end in segments:
+        if target not in table.targets or start != len(assign):
+            return None
+        assign += [table.targets.index(target)] * (end - start)
+    if len(assign) != len(builder.part.layers):
+        return None
+    cost = builder.plan_ms(table, assign)
+    if cost == float("inf") and len(segments) == 1:  # the whole file, as best() falls back to
+        cost = float(builder.profile.extra.get("whole_ms", {}).get(segments[0][0], cost))
+    return describe(name, builder, assign, cost, table, reason)
+
+
 def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
              table: CostTable, reason: str) -> Plan:
     """The :class:`Plan` of one assignment (target index per layer) on ``table``."""

@@ -265,6 +265,11 @@ def _close(mine: float, theirs: float, tolerance: float) -> bool:
     return theirs > 0 and abs(mine / theirs - 1.0) <= tolerance
 
 
+def published_segments(doc: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """The (target, start, end) segments of a published plan (one ``find`` returned)."""
+    return [(str(t), int(s), int(e)) for t, s, e in _segments_of(doc["plan"])]
+
+
 def _segments_of(plan: Mapping[str, Any]) -> list[list[Any]]:
     return [[seg["target"], *seg["layers"]] for seg in plan["segments"]]
 
