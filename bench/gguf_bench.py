@@ -22,12 +22,15 @@ hits both sides alike) and reported as medians plus the median of per-round rati
 4. **Techniques** (``bench/gguf_techniques.py``): interleaved-conversation and restart time to
    first token (prefix cache), LoRA adapter identity and switch cost, prompt-lookup speedup and
    identity, KV cache bytes per token and decode speed by ``kv_cache_type``.
+5. **Parallel** (``bench/gguf_parallel_bench.py``'s rounds): four chats at once against the
+   same four one after another on a daemon with ``parallel = 4``, aggregate decode tokens/s.
+
+It ends with the issue's "done when" rows, one line each.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import importlib.util
 import json
@@ -48,11 +51,10 @@ from typing import Any
 
 import gguf_techniques as techniques
 import llama_cpp
+from gguf_load import bench_load
+from gguf_summary import bench_parallel, done_when
 
-from edgepilot.config import parse_config
 from edgepilot.dispatch.gguf.select import thread_candidates
-from edgepilot.formats import files, gguf_info
-from edgepilot.lifecycle import Daemon
 
 N_CTX = 2048
 # decode comparisons, interleaved in this order (reversed every other round)
@@ -70,95 +72,6 @@ def default_model() -> Path:
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
             "max": round(max(values), 4), "n": len(values)}
-
-
-# ---- 1. load ------------------------------------------------------------------------------------
-SPLIT = ("worker_start_ms", "model_ms", "context_ms")
-
-
-def raw_load(path: Path, splits: list[dict[str, float]] | None = None) -> float:
-    t0 = time.perf_counter()
-    llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, verbose=False)
-    dt = time.perf_counter() - t0
-    if splits is not None:
-        model_ms = float(llama_cpp.llama_perf_context(llm.ctx).t_load_ms)
-        splits.append({"model_ms": model_ms, "context_ms": dt * 1e3 - model_ms})
-    llm.close()
-    return dt
-
-
-def registry_daemon(state: Path, models: Path) -> Daemon:
-    cfg = parse_config({"daemon": {"state_dir": str(state), "model_dir": str(models),
-                                   "demo_models": False},
-                        "mqtt": {"enabled": False}, "backends": {"llamacpp": {"n_ctx": N_CTX}},
-                        "dispatch": {"gguf_prompt_tokens": 8, "gguf_decode_tokens": 4}})
-    d = Daemon(cfg)
-    d.attach_capabilities({"serving", "dispatch"})
-    return d
-
-
-def daemon_load(state: Path, models: Path, name: str,
-                splits: list[dict[str, float]] | None = None) -> float:
-    """One load through the registry, as a freshly started daemon does it once ready: its spare
-    worker started (``[backends.llamacpp] spare_worker``) and done with its imports."""
-    gguf_info._cache.clear()
-    files._digests.clear()
-    d = registry_daemon(state, models)
-    assert d.backends is not None
-    d.backends.start_spares({"gguf"})
-    spares = d.backends.get("llamacpp").spares  # type: ignore[attr-defined]
-    if not spares.wait_ready(60):
-        raise SystemExit("the spare llama.cpp worker did not start in 60 s")
-
-    async def load() -> float:
-        t0 = time.perf_counter()
-        lm = await d.models.load(name)
-        dt = time.perf_counter() - t0
-        if splits is not None:
-            split = dict(lm.executable.load_split or {})
-            split["rest_ms"] = dt * 1e3 - sum(float(split.get(k, 0)) for k in SPLIT)
-            splits.append(split)
-        await d.models.close()
-        d.backends.close_spares()  # type: ignore[union-attr]
-        return dt
-
-    try:
-        return asyncio.run(load())
-    finally:
-        d.executor.shutdown(wait=True)
-
-
-def bench_load(path: Path, work: Path, rounds: int) -> dict[str, Any]:
-    models = work / "load-models"
-    models.mkdir()
-    if path.stat().st_dev == models.stat().st_dev:
-        os.link(path, models / "m.gguf")  # no 100 MB copy
-    else:
-        shutil.copy(path, models / "m.gguf")
-    cold, warm = work / "state-noplan", work / "state-plan"
-    # a cached plan for the second variant (measured once, before timing anything)
-    registry_daemon(warm, models).dispatcher.plan_for("m")
-    raw_load(path)  # page cache warm for everyone
-    times: dict[str, list[float]] = {"raw": [], "daemon": [], "daemon_planned": []}
-    splits: dict[str, list[dict[str, float]]] = {k: [] for k in times}
-    for r in range(rounds):
-        order = ["raw", "daemon", "daemon_planned"]
-        order = order if r % 2 == 0 else order[::-1]
-        for variant in order:
-            if variant == "raw":
-                times["raw"].append(raw_load(path, splits["raw"]))
-            else:
-                times[variant].append(daemon_load(cold if variant == "daemon" else warm,
-                                                  models, "m", splits[variant]))
-    out: dict[str, Any] = {k: summary(v) for k, v in times.items()}
-    out["split_ms"] = {k: {f: round(statistics.median(float(s.get(f, 0)) for s in v), 1)
-                           for f in (*SPLIT, "rest_ms") if any(f in s for s in v)}
-                       for k, v in splits.items()}
-    out["spare_used"] = sum(bool(s.get("spare")) for s in splits["daemon"])
-    for k in ("daemon", "daemon_planned"):
-        out[f"{k}_over_raw"] = round(statistics.median(
-            d / r for d, r in zip(times[k], times["raw"], strict=True)), 3)
-    return out
 
 
 # ---- 2./3. decode -------------------------------------------------------------------------------
@@ -367,6 +280,8 @@ def main() -> None:
     ap.add_argument("--techniques-threads", type=int, default=1,
                     help="llama.cpp threads for part 4 (both sides)")
     ap.add_argument("--turns", type=int, default=5, help="turns of each interleaved chat")
+    ap.add_argument("--parallel-rounds", type=int, default=3,
+                    help="rounds of the parallel part (4 chats at once, then one by one)")
     args = ap.parse_args()
     path = (args.model or default_model()).resolve()
     if args.part == "load":
@@ -388,6 +303,8 @@ def main() -> None:
         tech = techniques.run(path, work / "techniques", threads=args.techniques_threads,
                               turns=args.turns, rounds=max(3, args.rounds // 3),
                               max_tokens=args.max_tokens)
+        par = bench_parallel(path, work, args.parallel_rounds, args.max_tokens)
+        print("parallel", json.dumps(par), flush=True)
     p = decode["plan"]
     cands = ", ".join(f"{c['n_threads']} threads {c['decode_ms_per_token']:.2f} ms/token "
                       f"(spread {c['decode_spread']:.0%}, {c['rounds']} rounds)"
@@ -406,14 +323,12 @@ def main() -> None:
           f"x{d['whole_daemon_over_raw']} ({args.max_tokens} tokens, non-streamed, "
           "prefill included)")
     techniques.report(tech)
-    parallel = Path(__file__).with_name("gguf_parallel_results.json")
-    if parallel.exists():  # its own bench (bench/gguf_parallel_bench.py): minutes of its own
-        p4 = json.loads(parallel.read_text()).get("daemon_parallel_4", {})
-        ratio = p4.get("ratio_decode_tokens_per_s", "?")
-        print(f"parallel=4 aggregate decode, 4 concurrent / one after another: x{ratio} "
-              "(last bench/gguf_parallel_bench.py run)")
+    print("done when, this run:")
+    for line in done_when(load, decode, tech, par):
+        print("  " + line)
     args.out.write_text(json.dumps({"model": path.name, "load": load, "decode": decode,
-                                    "techniques": tech}, indent=1) + "\n")
+                                    "techniques": tech, "parallel_4": par,
+                                    "load_average": os.getloadavg()}, indent=1) + "\n")
     print(f"full results: {args.out}")
 
 

@@ -281,7 +281,7 @@ class Daemon:
             self._up.set(1)
             self.notifier.notify("READY=1", f"STATUS=serving on {self.http_server.url}")
             log.info("edgepilot %s serving on %s", __version__, self.http_server.url)
-            await self._start_spares()
+            await self._prepare_loads()
             await self._stop_event.wait()
         except EdgepilotError as exc:
             log.error("start-up failed: %s", exc.message)
@@ -306,19 +306,13 @@ class Daemon:
             self.notifier.close()
         return code
 
-    async def _start_spares(self) -> None:
-        """Once ready (earlier, it would slow the start it is meant to shorten): a worker
-        process started ahead for the next load of a kind of model the catalog holds (a spare
-        llama.cpp worker when there is a GGUF)."""
-        if self.backends is None or self.catalog is None:
+    async def _prepare_loads(self) -> None:
+        """Once ready (earlier, it would slow the start it is meant to shorten): a spare worker
+        and the GGUF headers read for the next load (:meth:`ModelRegistry.prepare_loads`)."""
+        if self.models is None:
             return
-        catalog, backends = self.catalog, self.backends
-
-        def start() -> None:
-            backends.start_spares(catalog.kinds())
-
         try:
-            await self.run_blocking(start)
+            await self.run_blocking(self.models.prepare_loads)
         except EdgepilotError as exc:  # no spare: loads start their own worker, as before
             log.warning("no spare worker: %s", exc.message)
 
@@ -389,7 +383,7 @@ class Daemon:
                     await hook(old, new)
                 except EdgepilotError as exc:
                     log.error("%s could not apply the new config: %s", svc.name, exc.message)
-        await self._start_spares()  # the reloaded backends' own
+        await self._prepare_loads()  # the reloaded backends' own
         self.events.emit("config.reloaded")
         self.notifier.notify("READY=1", "STATUS=serving (config reloaded)")
         log.info("config reloaded")

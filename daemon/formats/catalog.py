@@ -8,11 +8,10 @@ so a name means the same file to each of them.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgepilot.errors import EdgepilotError, NotFoundError
+from edgepilot.errors import NotFoundError
 from edgepilot.formats import files
 from edgepilot.formats.model_entry import ModelEntry
 
@@ -42,15 +41,6 @@ class ModelCatalog:
         names = {e.name for e in configured}
         configured += [e for e in self.extra if e.name not in names]
         return files.discover(self.model_dir, configured)
-
-    def kinds(self) -> set[str]:
-        """The kinds of model there are ("gguf", "onnx", "tflite"; an entry whose kind cannot
-        be told is left out: loading it says why)."""
-        kinds = set()
-        for entry in self.entries().values():
-            with contextlib.suppress(EdgepilotError):
-                kinds.add(files.kind_of(entry))
-        return kinds
 
     def entry(self, name: str) -> ModelEntry:
         """The entry of ``name``; NotFoundError naming the models there are."""

@@ -16,6 +16,7 @@ their keep-alive of idleness and reloaded on the next request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -31,7 +32,7 @@ from edgepilot.blocking import RunBlocking
 from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.gguf.plans import GgufDispatch
-from edgepilot.errors import BackendError, BusyError, ModelError, UnrunnableModel
+from edgepilot.errors import BackendError, BusyError, EdgepilotError, ModelError, UnrunnableModel
 from edgepilot.formats import files
 from edgepilot.formats.catalog import ModelCatalog
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
@@ -103,6 +104,21 @@ class ModelRegistry:
                 item["error"] = self.errors[name]
             out.append(item)
         return out
+
+    def prepare_loads(self) -> None:
+        """Once the daemon is ready (blocking): what lets a first load pay only the runtime's
+        own load — a spare llama.cpp worker when the catalog holds a GGUF, and the GGUF headers
+        read (a load's memory estimate reads them)."""
+        ggufs = []
+        for name, entry in self.catalog.entries().items():
+            with contextlib.suppress(EdgepilotError):  # a bad entry: its load says why
+                if files.kind_of(entry) == "gguf":
+                    ggufs.append(self.catalog.resolve(name).path)
+        if ggufs:
+            self.backends.start_spares({"gguf"})
+        for path in ggufs:
+            with contextlib.suppress(EdgepilotError):
+                read_gguf_info(path)
 
     # ---- backends ------------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
