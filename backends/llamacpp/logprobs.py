@@ -39,9 +39,11 @@ class LogprobRecorder:
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         self._close()
-        x = np.asarray(scores, dtype=np.float64)
-        peak = float(np.max(x))
-        self._pending = (x - (peak + np.log(np.exp(x - peak).sum()))).astype(np.float32)
+        x = np.asarray(scores, dtype=np.float32)
+        peak = x.max()
+        # float32 as llama.cpp's logits; the sum in float64 (a vocabulary of 10^5 terms)
+        lse = peak + np.float32(np.log(np.exp(x - peak).sum(dtype=np.float64)))
+        self._pending = x - lse
         return scores
 
     def _close(self) -> None:
