@@ -391,10 +391,10 @@ class ModelDispatch:
         with self._lock:
             if self.plan is None:
                 self.prepare()
-            assert self.plan is not None and self.builder is not None
+            assert self.plan is not None and self.builder is not None and self.part is not None
             return {**self.plan.as_dict(), "tolerance": self.opts.tolerance,
                     "input_shapes": {n: list(d) for n, d in (self.shapes or {}).items()},
                     "inputs_used": self.samples.describe() if self.samples else None,
                     "from_cache": self.from_cache, "excluded": sorted(self.builder.excluded),
-                    "monitor": self.monitor.snapshot()}
+                    "signatures": self.part.signatures, "monitor": self.monitor.snapshot()}
 

@@ -80,17 +80,13 @@ def tool_choice_needs_tools(tools: list[Any] | None, choice: Any) -> None:
                            field="tool_choice")
 
 
-def logprob_params(logprobs: bool | int | None, top: int | None, stream: bool,
-                   field: str) -> dict[str, Any]:
+def logprob_params(logprobs: bool | int | None, top: int | None) -> dict[str, Any]:
     """The generation parameter of OpenAI's ``logprobs`` (chat: a flag and ``top_logprobs``;
     completions: the count of alternatives): ``{"logprobs_top": n}``, or ``{}`` for none."""
     if top is not None and logprobs is not True:
         raise CommandError("top_logprobs needs logprobs: true", field="top_logprobs")
     if logprobs is None or logprobs is False:
         return {}
-    if stream:
-        raise CommandError("logprobs are given with whole answers only; send stream: false",
-                           field=field)
     return {"logprobs_top": int(top or 0) if logprobs is True else int(logprobs)}
 
 

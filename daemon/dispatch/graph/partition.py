@@ -77,6 +77,9 @@ class Partition:
     pending: ConcreteGraph | None = field(default=None, repr=False, compare=False)
     _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
                                         compare=False)
+    # a TFLite file of several signatures: the one planned and served (subgraph 0, what the
+    # interpreter runs by default) and the others, which are not
+    signatures: dict[str, Any] | None = None
 
     def write_graph(self) -> None:
         """Write the annotated graph copy if it is not written yet (idempotent)."""
@@ -275,6 +278,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     digest = files.sha256_of(path)
     graph_path: Path | None = None
     pending: ConcreteGraph | None = None
+    signatures: dict[str, Any] | None = None
     if kind == "onnx":
         from edgepilot.dispatch.graph.onnx_layers import nodes_of
         from edgepilot.dispatch.graph.onnx_shapes import concrete_graph
@@ -301,9 +305,13 @@ def partition(path: Path, kind: ModelKind | None = None, *,
                 graph.write()
     elif kind == "tflite":
         from edgepilot.dispatch.graph.tflite_layers import default_shapes, read_tflite
+        from edgepilot.formats.tflite_graph import signature_keys
 
         shapes = dict(shapes) if shapes else default_shapes(path)
         nodes, ins, outs, sizes = read_tflite(path, shapes)
+        served, keys = signature_keys(path)
+        if len(keys) > 1:
+            signatures = {"served": served, "others": [k for k in keys if k != served]}
         if any(n.op in STATEFUL_TFLITE_OPS for n in nodes):
             # resource variables live in one interpreter and CALL_ONCE initialises them all:
             # a streaming model runs whole, and the plan picks its best target
@@ -315,7 +323,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
                      list(nodes), sizes, dict(shapes or {}), graph_path,
-                     pending if lazy else None)
+                     pending if lazy else None, signatures=signatures)
 
 
 def covers_any(backend: Backend, part: Partition, target: Target) -> bool:
