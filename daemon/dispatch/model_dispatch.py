@@ -175,7 +175,7 @@ class ModelDispatch:
                 if shared is not None and not self.from_cache:
                     shared.publish(self.key_parts, doc)
             self._install(plan, compiled)
-            part.write_graph_later()
+            part.release_graph()
             return plan
 
     @property
@@ -239,8 +239,8 @@ class ModelDispatch:
         single = single_instead(self.name, self.builder, self.part, plan, compiled,
                                 self.backends, self.calibration[0], self.opts.hysteresis,
                                 self.check_error, self.progress)
-        if single:  # timed side by side, not alone: no fastest run to publish
-            self.segment_ms, self.fastest = [single[0].measured_ms or 0.0], []
+        if single:  # timed side by side above; alone for the fastest run it publishes
+            self.segment_ms, self.fastest = [single[0].measured_ms or 0.0], self._time(single[1])[2]
         return single or (plan, compiled)
 
     def _time(self, compiled: CompiledPlan) -> tuple[float, list[float], list[float]]:
