@@ -31,7 +31,7 @@ from edgepilot.backends.llamacpp.runtime import (
     usage_of,
     with_cached,
 )
-from edgepilot.errors import BackendError, CommandError
+from edgepilot.errors import BackendError, CommandError, ContextOverflow
 from edgepilot.formats.gguf_info import GgufInfo
 
 # llama.cpp rounds each sequence's share of the context up to this many tokens
@@ -236,7 +236,7 @@ class LlamaBatchExecutable(LlamaExecutable):
             yield
         except ValueError as exc:
             share = self._engine.n_ctx_seq if self._engine is not None else self.n_ctx
-            raise CommandError(
+            raise ContextOverflow(
                 f"llama.cpp refused the request: {exc}; each of the {self.parallel} parallel "
                 f"sequences holds {share} tokens of the context: shorten the input, or raise "
                 "n_ctx or lower [backends.llamacpp] parallel", field=field) from None
