@@ -216,11 +216,12 @@ class Measurer:
                     return Cell(None, reason=f"non-finite values in output {bad!r} where the "
                                              "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
-            if bound_ms is not None and first_ms > EARLY_FACTOR * bound_ms:
-                # its error runs alone are EARLY_FACTOR x over the bound (a cold first run
-                # may be a few times slower than a warm one, not this much): a reference-
-                # kernel target (Arm NN CpuRef) is not warmed up and timed on top of them
-                return Cell(first_ms, err, exe.memory_bytes)
+                if bound_ms is not None and first_ms > EARLY_FACTOR * bound_ms:
+                    # one run EARLY_FACTOR x over the bound (a cold first run may be a few
+                    # times slower than a warm one, not this much): a reference-kernel target
+                    # (Arm NN CpuRef, seconds a run) is not run on the other calibration
+                    # inputs, warmed up and timed on top of it; its error is this input's
+                    return Cell(first_ms, err, exe.memory_bytes)
             feed = envs[0]
             ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS,
                            bound_ms)
@@ -304,9 +305,14 @@ class Measurer:
             done += 1
             if self.progress:
                 self.progress(done, total, f"whole model on {target}")
+        whole_bound = _bound(whole_cells)
         for _ in range(1, self.passes if n > 1 else 1):
             for target in self.targets:
-                self.retime(0, n, target, whole_cells[str(target)])
+                cell = whole_cells[str(target)]
+                if whole_bound is None or (cell.ms or 0.0) <= whole_bound:
+                    # as for layers: a whole model EARLY_FACTOR x slower than the fastest
+                    # one (Arm NN CpuRef: seconds a run) is not timed again
+                    self.retime(0, n, target, cell)
         whole = {t: c.ms for t, c in whole_cells.items() if c.ms is not None}
         whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
         return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
