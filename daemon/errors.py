@@ -16,6 +16,9 @@ class EdgepilotError(Exception):
 
     code = "internal"
     http_status = 500
+    # seconds a client should wait before asking again (HTTP's Retry-After), for an error that
+    # passes by itself (a full queue, a worker being restarted); None: retrying does not help
+    retry_after_s: int | None = None
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -92,6 +95,20 @@ class BusyError(EdgepilotError):
 
     code = "busy"
     http_status = 503
+    retry_after_s = 1
+
+
+class ModelUnloading(BackendError):
+    """The model is being unloaded under the request (keep_alive, max_loaded_models, an
+    operator): the next request loads it again."""
+
+    code = "model_unloading"
+    http_status = 503
+    retry_after_s = 1
+
+
+class ContextOverflow(CommandError):
+    """The prompt does not fit the model's context window (the client's input: a 400)."""
 
 
 class DeadlineExceeded(EdgepilotError):

@@ -94,13 +94,22 @@ def test_a_sound_plan_is_found_and_adopted_when_its_figures_hold(doc: dict[str, 
     assert emit.events[2]["reason"].startswith("verification: segment 0")
     # a timing that misses is taken once more, and the faster of the two is compared: load
     # from other processes only slows a run; a plan that is slower twice is still refused
-    again = [(ms, list(doc["segment_ms"]))]
+    again = [(ms, list(doc["segment_ms"]), [])]
     assert ex.adopt(doc, "mlp", segs, ms * 1.5, doc["segment_ms"], 0.1,
                     retime=lambda: again.pop())
     assert not again and emit.events[-1]["type"] == "plan.adopted"
     assert not ex.adopt(doc, "mlp", segs, ms * 1.5, doc["segment_ms"], 0.1,
-                        retime=lambda: (ms * 1.3, list(doc["segment_ms"])))
+                        retime=lambda: (ms * 1.3, list(doc["segment_ms"]), []))
     assert emit.events[-1]["reason"].startswith("verification: end to end")
+    # the publisher's fastest run is compared with this board's: two medians taken under
+    # different loads may differ by more than the tolerance while the fastest runs agree
+    fastest = doc["fastest_ms"]
+    assert len(fastest) == 1 + len(doc["segment_ms"]) and fastest[0] <= ms
+    assert ex.adopt(doc, "mlp", segs, ms * 1.5, doc["segment_ms"], 0.1,
+                    fastest=[f * 1.05 for f in fastest])
+    assert not ex.adopt(doc, "mlp", segs, ms, doc["segment_ms"], 0.1,
+                        fastest=[f * 1.3 for f in fastest])
+    assert "fastest run" in emit.events[-1]["reason"]
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -109,6 +118,7 @@ def test_a_sound_plan_is_found_and_adopted_when_its_figures_hold(doc: dict[str, 
     (lambda d: d["plan"]["segments"].pop(), "not a plan"),
     (lambda d: d["profile"].update(cells="x"), "not a plan"),
     (lambda d: d.update(segment_ms=[-1.0]), "not a plan"),
+    (lambda d: d.update(fastest_ms=[0.0]), "not a plan"),
     (lambda d: d.update(layers="all"), "layers must be"),
 ])
 def test_a_malformed_plan_is_one_event_and_never_found(doc: dict[str, Any], change: Any,

@@ -377,3 +377,58 @@ def test_the_gguf_plan_governs_the_worker(tmp_path: Path, gguf_path: Path) -> No
         assert gd.live.counts.get(1, 0) == before + 1  # the worker's decode speed came back
     finally:
         asyncio.run(d.models.close())
+
+
+def cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of ``pid`` in clock ticks (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def kill_while_generating(daemon: DaemonProcess, ask: Callable[[], Any]) -> BaseException:
+    """Run ``ask`` (a non-streamed chat) in a thread, SIGKILL the worker once it has computed
+    for a while (reading a short prompt takes a fraction of that: it is generating), and
+    return what ``ask`` raised."""
+    pid = wait_for(lambda: models_entry(daemon)["worker_pid"])  # None while restarting
+    assert isinstance(pid, int)
+    before = cpu_ticks(pid)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            ask()
+        except BaseException as exc:  # handed to the test
+            raised.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    tick = os.sysconf("SC_CLK_TCK")
+    assert wait_for(lambda: cpu_ticks(pid) - before >= tick // 2 or not t.is_alive())
+    assert t.is_alive(), "the answer came before the kill"
+    os.kill(pid, signal.SIGKILL)
+    t.join(120)
+    assert len(raised) == 1
+    return raised[0]
+
+
+def test_a_worker_killed_under_a_whole_answer_is_503_with_retry_after(
+        daemon: DaemonProcess) -> None:
+    import ollama
+    import openai
+    chat(daemon, QUESTION, max_tokens=2)  # loaded
+    client = ollama.Client(host=daemon.url)
+    err = kill_while_generating(daemon, lambda: client.chat(
+        model="smol", messages=STORY, stream=False,
+        options={"temperature": 0, "num_predict": 400}))
+    assert isinstance(err, ollama.ResponseError), err
+    assert err.status_code == 503 and "was killed by signal 9" in err.error
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+    err = kill_while_generating(daemon, lambda: oa.chat.completions.create(
+        model="smol", messages=STORY, temperature=0, max_tokens=400))  # type: ignore[arg-type]
+    assert isinstance(err, openai.InternalServerError) and err.status_code == 503, err
+    assert err.response.headers["retry-after"] == "1"
+    assert isinstance(err.body, dict) and err.body["code"] == "worker_crashed"
+    # the daemon serves on, from a restarted worker
+    got = client.chat(model="smol", messages=QUESTION, options={"temperature": 0,
+                                                                 "num_predict": 24})
+    assert "Paris" in got.message.content

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +154,7 @@ def test_device_queue_serialises_and_refuses_past_its_limit() -> None:
     assert asyncio.run(scenario()) == ["a+", "a-", "b+", "b-"]
 
 
-def test_demo_models_are_made_quickly_once(tmp_path: Path) -> None:
-    started = time.monotonic()
+def test_demo_models_are_made_once_and_load(tmp_path: Path) -> None:
     entries = ensure_demo_models(tmp_path / "models")
     assert [e.kind for e in entries] == ["gguf", "onnx"]
     for e in entries:
@@ -171,7 +169,6 @@ def test_demo_models_are_made_quickly_once(tmp_path: Path) -> None:
             assert lm.memory_bytes > 0
 
     asyncio.run(scenario())
-    assert time.monotonic() - started < 120  # generous: it is seconds, never minutes
 
 
 def test_registry_reports_backends(tmp_path: Path) -> None:

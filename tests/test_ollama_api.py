@@ -153,6 +153,29 @@ def test_bad_schemas_are_400_naming_format(client: ollama.Client) -> None:
     assert yaml.value.status_code == 400 and "format" in yaml.value.error
 
 
+def test_a_prompt_over_the_context_is_400_naming_num_ctx(client: ollama.Client,
+                                                        daemon: DaemonProcess) -> None:
+    long = "word " * 1100  # over the daemon's n_ctx of 1024 tokens
+    asks = [lambda: client.chat(model="smol", messages=[{"role": "user", "content": long}],
+                                stream=False, options={"num_ctx": 8192}),
+            lambda: list(client.chat(model="smol", stream=True,
+                                     messages=[{"role": "user", "content": long}])),
+            lambda: client.generate(model="smol", prompt=long, stream=False)]
+    for ask, field in zip(asks, ["messages", "messages", "prompt"], strict=True):
+        with pytest.raises(ollama.ResponseError) as err:
+            ask()
+        assert err.value.status_code == 400
+        assert err.value.error.startswith(f"{field}: ") and "context window of 1024" \
+            in err.value.error and "options.num_ctx" in err.value.error, err.value.error
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as bad:
+        oa.chat.completions.create(model="smol", messages=[{"role": "user", "content": long}],
+                                   max_tokens=4)
+    assert isinstance(bad.value.body, dict) and bad.value.body["field"] == "messages"
+    assert "raise n_ctx" in bad.value.body["message"]
+    assert client.chat(model="smol", messages=MESSAGES, options=GREEDY).message.content
+
+
 def _loaded(client: ollama.Client) -> dict[str, ollama.ProcessResponse.Model]:
     return {m.model or "": m for m in client.ps().models}
 

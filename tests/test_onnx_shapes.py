@@ -337,3 +337,11 @@ def test_a_lazy_partition_writes_its_graph_when_a_partial_segment_needs_it(
     assert eager.graph_path is not None and eager.graph_path.is_file()
     assert [lay.name for lay in eager.layers] == [lay.name for lay in lazy.layers]
     assert onnx.load(str(eager.graph_path)) == onnx.load(str(lazy.graph_path))
+    # released unwritten (planned, serving the whole file): made again when a replan cuts
+    again = partition(path, shapes={"x": (2, 8)}, cache_dir=tmp_path / "again", lazy=True,
+                      min_layer_flops=1)
+    again.release_graph()
+    assert again.pending is not None and again.pending.model is None
+    assert again.graph_path is not None and not again.graph_path.exists()
+    assert again.segment(1, 2).model_path == again.graph_path and again.graph_path.is_file()
+    assert onnx.load(str(again.graph_path)) == onnx.load(str(eager.graph_path))

@@ -241,8 +241,7 @@ BAD = [
     ("/v1/chat/completions", {"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 21},
      "top_logprobs"),
-    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True, "stream": True},
-     "logprobs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": [True]}, "logprobs"),
     ("/v1/embeddings", {"input": [1, 2]}, "input"),
     ("/v1/embeddings", {}, "input"),
 ]
@@ -322,3 +321,25 @@ def test_logprobs_of_chat_and_completions(client: openai.OpenAI, gguf_path: Path
         # keyed by the token's text: distinct tokens of one text share a key
         assert 1 <= len(mine) <= 2 and all(v <= 0 for v in mine.values())
         np.testing.assert_allclose(max(mine.values()), max(theirs.values()), atol=1e-3)
+
+
+def test_streamed_logprobs_equal_the_whole_answers(client: openai.OpenAI) -> None:
+    ask = {"model": "tiny", "max_tokens": 12, "temperature": 0, "stop": ["\n\n"]}
+    whole = client.chat.completions.create(messages=MESSAGES, logprobs=True,  # type: ignore[arg-type, call-overload]
+                                           top_logprobs=2, **ask)
+    want = whole.choices[0].logprobs
+    assert want is not None and want.content
+    chunks = list(client.chat.completions.create(messages=MESSAGES, logprobs=True,  # type: ignore[arg-type, call-overload]
+                                                 top_logprobs=2, stream=True, **ask))
+    got = [t for c in chunks if c.choices and c.choices[0].logprobs
+           for t in c.choices[0].logprobs.content or []]
+    assert [(t.token, t.bytes) for t in got] == [(t.token, t.bytes) for t in want.content]
+    np.testing.assert_allclose([t.logprob for t in got], [t.logprob for t in want.content],
+                               atol=1e-5)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content == "".join(t.token for t in got)
+    pieces = list(client.completions.create(prompt="the edge board is", logprobs=1,  # type: ignore[call-overload]
+                                            stream=True, **ask))
+    tokens = [t for p in pieces if p.choices and p.choices[0].logprobs
+              for t in p.choices[0].logprobs.tokens or []]
+    assert "".join(tokens) == "".join(p.choices[0].text for p in pieces if p.choices)

@@ -35,7 +35,10 @@ def test_restart_reuses_the_cached_plan(tmp_path: Path, transformer_path: Path,
     restarted = dispatch(transformer_path, ort_backend, cache, profiled)
     plan = restarted.prepare()
     assert profiled == [] and restarted.from_cache  # no re-profiling
-    assert plan.hash == first.hash and plan.reason == "cache"
+    # a split that beat one target is "cache"; a single-target verdict (timed side by side on
+    # the first run) is kept with the profile and restored with its own reason
+    assert plan.hash == first.hash
+    assert plan.reason == ("cache" if first.reason == "initial" else first.reason)
     # a runtime upgrade invalidates it
     dispatch(transformer_path, ort_backend, cache, profiled, runtime="ort-2").prepare()
     assert profiled

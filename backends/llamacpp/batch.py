@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.llamacpp.runtime import LLAMA_THREAD, import_llama_cpp
-from edgepilot.errors import BackendError, BusyError
+from edgepilot.errors import BackendError, BusyError, ModelUnloading
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class BatchEngine:
                              f"{self.n_seq} parallel sequences holds {self.n_ctx_seq}")
         with self._cond:
             if self._closing:
-                raise BackendError("the model is being unloaded; retry", field="model")
+                raise ModelUnloading("the model is being unloaded; retry", field="model")
             self._waiting.append(seq)
             self._cond.notify_all()
 
@@ -238,7 +238,7 @@ class BatchEngine:
             budget -= len(chunk)
             try:
                 self._decode_chunk(seq.slot, chunk, len(seq.ids))
-            except BackendError as exc:
+            except (BackendError, BusyError) as exc:
                 self._leave(seq, ("error", exc))
                 continue
             seq.ids.extend(chunk)
@@ -306,6 +306,10 @@ class BatchEngine:
         rc = int(self._llama_cpp.llama_decode(self.ctx.ctx, b))
         self.steps += 1
         self._timed(start, len(chunk))
+        if rc == 1:  # no room in the KV cache now (llama.h): the other sequences hold it
+            raise BusyError(f"llama.cpp found no room in the context for a prompt of "
+                            f"{len(chunk)} tokens while other sequences hold it; retry",
+                            field="model")
         if rc != 0:
             raise BackendError(f"llama.cpp could not decode a prompt of {len(chunk)} tokens "
                                f"(llama_decode returned {rc})", field="model")

@@ -14,7 +14,12 @@ import numpy as np
 
 from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.adapters import LoraSet
-from edgepilot.backends.llamacpp.logprobs import attach, with_logprobs
+from edgepilot.backends.llamacpp.logprobs import (
+    LogprobRecorder,
+    attach,
+    chunk_text,
+    with_logprobs,
+)
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     ThreadGovernor,
@@ -35,12 +40,14 @@ class TokenStream:
     """
 
     def __init__(self, exe: LlamaExecutable, start: Callable[[], Iterator[Any]],
-                 empty_prompt: bool = False, field: str = "prompt", adapter: str = "") -> None:
+                 empty_prompt: bool = False, field: str = "prompt", adapter: str = "",
+                 logprobs: LogprobRecorder | None = None) -> None:
         self.field = field
         self.adapter = adapter
         self._exe = exe
         self._start = start
         self._empty_prompt = empty_prompt
+        self._logprobs = logprobs  # each chunk then carries its tokens' logprobs
         self.usage: dict[str, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
@@ -48,7 +55,14 @@ class TokenStream:
         with exe.lock:
             exe.begin_request(self.adapter)
             with refused_as_bad_request(self.field):
-                yield from LLAMA_THREAD.iterate(self._start)
+                text = ""
+                for chunk in LLAMA_THREAD.iterate(self._start):
+                    if self._logprobs is not None and chunk.get("choices"):
+                        text += chunk_text(chunk)
+                        choice = chunk["choices"][0]
+                        choice["logprobs"] = {"content": self._logprobs.more(
+                            text, final=bool(choice.get("finish_reason")))}
+                    yield chunk
             self.usage = usage_of(exe.llm, empty_prompt=self._empty_prompt)
             exe.end_request()
 
@@ -193,7 +207,7 @@ class LlamaExecutable(GenerativeExecutable):
         if params.get("stream"):
             return TokenStream(self, functools.partial(
                 self.llm.create_chat_completion, messages=messages, **params), field="messages",
-                adapter=adapter)
+                adapter=adapter, logprobs=logprobs)
         with self.lock, refused_as_bad_request("messages"):
             self.begin_request(adapter)
             out = LLAMA_THREAD.call(self.llm.create_chat_completion, messages=messages,
@@ -211,7 +225,7 @@ class LlamaExecutable(GenerativeExecutable):
         if params.get("stream"):
             return TokenStream(self, functools.partial(
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt,
-                adapter=adapter)
+                adapter=adapter, logprobs=logprobs)
         with self.lock, refused_as_bad_request("prompt"):
             self.begin_request(adapter)
             out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)

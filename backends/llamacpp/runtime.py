@@ -18,7 +18,7 @@ import numpy as np
 from edgepilot.backends.base import BackendUnavailable
 from edgepilot.backends.llamacpp.prefix_cache import PrefixCache, common_prefix
 from edgepilot.backends.native_log import route_llama_logs
-from edgepilot.errors import CommandError
+from edgepilot.errors import ContextOverflow
 
 T = TypeVar("T")
 
@@ -262,6 +262,6 @@ def refused_as_bad_request(field: str) -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
-        raise CommandError(f"llama.cpp refused the request: {exc}; shorten the input or raise "
+        raise ContextOverflow(f"llama.cpp refused the request: {exc}; shorten the input or raise "
                            "n_ctx ([backends.llamacpp] or the model's n_ctx)",
                            field=field) from None

@@ -19,6 +19,7 @@ class WorkerCrashed(BackendError):
 
     code = "worker_crashed"
     http_status = 503
+    retry_after_s = 1  # the restart's first backoff is half a second
 
 
 def how_it_ended(returncode: int | None, runtime: str = "the runtime") -> str:

@@ -152,6 +152,10 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines.append(f"total: predicted {_ms(plan['predicted_ms'])} ms, measured "
                  f"{_ms(plan['measured_ms'])} ms, error {plan.get('error'):.4g}"
                  + ("  (profile from cache)" if plan.get("from_cache") else ""))
+    sigs = plan.get("signatures")
+    if sigs:
+        lines.append(f"signature {sigs['served'] or '(subgraph 0, unnamed)'} planned and served; "
+                     f"not served: {', '.join(sigs['others'])}")
     return "\n".join(lines)
 
 

@@ -8,13 +8,14 @@ the model for checking that a partly delegated graph is never reported as delega
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from edgepilot.formats.tflite_graph import pack, schema
+from edgepilot.formats.tflite_graph import load, pack, schema
 
 
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
@@ -190,3 +191,43 @@ def write_int8_fc_tflite(path: Path, *, width: int = 16, batch: int = 1,
     path.write_bytes(pack(model))
     return QuantFc(path, (wq.astype(np.float32) * w_scale), (bq.astype(np.float32)
                    * in_scale * w_scale), in_scale, in_zero, out_scale, out_zero)
+
+
+def write_two_signature_tflite(path: Path, keys: tuple[str, str] = ("encode", "decode")) -> Path:
+    """Write a file of two signatures, as a model exported with several entry points is:
+    ``keys[0]`` on subgraph 0 (``write_mlp_tflite``, width 32, a logistic head) and ``keys[1]``
+    on subgraph 1 (width 16, two layers, a log-softmax head); the signature defs are written in
+    reverse order, so that the one the interpreter runs by default is not the first listed."""
+    s = schema()
+    first = load(write_mlp_tflite(path.with_suffix(".a.tflite"), width=32, seed=1))
+    second = load(write_mlp_tflite(path.with_suffix(".b.tflite"), width=16, depth=2, seed=2,
+                                   head="log_softmax"))
+    model = copy.deepcopy(first)
+    codes = len(model.operatorCodes)
+    buffers = len(model.buffers)
+    model.operatorCodes.extend(second.operatorCodes)
+    model.buffers.extend(second.buffers)
+    sub = copy.deepcopy(second.subgraphs[0])
+    sub.name = keys[1].encode()
+    for t in sub.tensors:
+        t.buffer = t.buffer + buffers if t.buffer else 0  # buffer 0 is the shared empty one
+    for o in sub.operators:
+        o.opcodeIndex += codes
+    model.subgraphs.append(sub)
+    defs = []
+    for index in (1, 0):
+        graph = model.subgraphs[index]
+        d = s.SignatureDefT()
+        d.signatureKey, d.subgraphIndex = keys[index].encode(), index
+        d.inputs, d.outputs = [], []
+        for ids, maps in ((graph.inputs, d.inputs), (graph.outputs, d.outputs)):
+            for i in ids:
+                m = s.TensorMapT()
+                m.name, m.tensorIndex = graph.tensors[int(i)].name, int(i)
+                maps.append(m)
+        defs.append(d)
+    model.signatureDefs = defs
+    for part in (".a.tflite", ".b.tflite"):
+        path.with_suffix(part).unlink()
+    path.write_bytes(pack(model))
+    return path

@@ -56,6 +56,15 @@ def load(path: Path) -> Any:
     return model
 
 
+def signature_keys(path: Path) -> tuple[str | None, tuple[str, ...]]:
+    """The signature the interpreter runs by default (the one on subgraph 0; None when the
+    file names none there) and every signature key, in file order."""
+    defs = load(path).signatureDefs or []
+    keys = tuple(d.signatureKey.decode() for d in defs)
+    main = next((d.signatureKey.decode() for d in defs if d.subgraphIndex == 0), None)
+    return main, keys
+
+
 def pack(model: Any) -> bytes:
     """Serialise a ``ModelT`` back to ``.tflite`` bytes."""
     builder = flatbuffers.Builder(1024)

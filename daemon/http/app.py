@@ -174,7 +174,8 @@ def create_app(api: HttpApi) -> FastAPI:
 
     @app.exception_handler(EdgepilotError)
     async def _edgepilot_error(request: Request, exc: EdgepilotError) -> JSONResponse:
-        return http_error(exc.http_status, error_body(exc), path=request.url.path)
+        retry = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        return http_error(exc.http_status, error_body(exc), retry, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from edgepilot import __version__
 from edgepilot.backends.base import GenerativeExecutable
 from edgepilot.backends.llamacpp.grammar import schema_grammar
-from edgepilot.errors import CommandError, NotFoundError
+from edgepilot.errors import CommandError, ContextOverflow, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.ollama_models import model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
@@ -153,17 +153,22 @@ async def _load_only(gen: Generator, name: str, keep: float | None, started: int
                          "total_duration": time.perf_counter_ns() - started})
 
 
-async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stream: bool
-                  ) -> Any:
-    run = await start(gen, *run_args)
+async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stream: bool,
+                  field: str = "messages") -> Any:
+    """Start the generation (errors before its first token raise: the app answers their
+    status) and answer it streamed, or whole (an error on the way raises too)."""
+    try:
+        run = await start(gen, *run_args)
+    except ContextOverflow as exc:
+        # Ollama's clients (home-automation agents) send options.num_ctx and expect it to size
+        # the context: say that here the loaded model's own context applies
+        raise ContextOverflow(f"{exc.message}; options.num_ctx does not resize a loaded model "
+                              "here (the model's n_ctx applies)", field=field) from None
     answers = parts(run, gen, chat=chat, stream=stream)
     if stream:
         return StreamingResponse(ndjson(answers), media_type="application/x-ndjson")
-    last: dict[str, Any] = {}
-    async for last in answers:
-        if "error" in last:
-            return JSONResponse(last, status_code=500)
-    return JSONResponse(last)
+    whole = [part async for part in answers]  # not streamed: the last part is the answer
+    return JSONResponse(whole[-1])
 
 
 @router.post("/api/chat", summary="Ollama chat (NDJSON stream unless stream is false)",
@@ -211,7 +216,7 @@ async def generate(request: Request) -> Any:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) \
             + [{"role": "user", "content": body.prompt}]
         args = (name, "chat", messages, params, keep, started)
-    return await _answer(gen, args, chat=False, stream=body.stream)
+    return await _answer(gen, args, chat=False, stream=body.stream, field="prompt")
 
 
 async def _embed(request: Request, name: str, texts: list[str], keep: float | None

@@ -175,7 +175,8 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
                 ) -> AsyncIterator[dict[str, Any]]:
     """Ollama's response objects: one per text piece when streaming, then the last (done)
     one with the timings; not streaming, only the last with the whole text. An error after the
-    first token is a part ``{"error": "<text>"}`` (Ollama's clients raise it)."""
+    first token of a stream is a part ``{"error": "<text>"}`` (Ollama's clients raise it); not
+    streaming, it is raised (the route answers its status: 503 for a worker being restarted)."""
     key = "message" if chat else "response"
 
     def body(text: str, calls: list[dict[str, Any]] | None = None) -> Any:
@@ -191,6 +192,8 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
     try:
         async for kind, value in events(run):
             if kind == "error":
+                if not stream:  # nothing is sent yet: the route answers the error's status
+                    raise value
                 yield ollama_error(error_body(value))
                 return
             if kind == "tool_calls":

@@ -171,8 +171,7 @@ class ChatRequest(Sampling):
     tools: list[ToolDef] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="At most one call is made.")
-    logprobs: bool | None = Field(None, description="Each answer token's logprob (not "
-                                  "with stream).")
+    logprobs: bool | None = Field(None, description="Each answer token's logprob.")
     top_logprobs: int | None = Field(None, ge=0, le=20,
                                      description="Alternatives per token (needs logprobs).")
 
@@ -180,7 +179,7 @@ class ChatRequest(Sampling):
 class CompletionRequest(Sampling):
     prompt: Text | list[Text]
     logprobs: int | None = Field(None, ge=0, le=5, description="Each answer token's logprob "
-                                 "and this many alternatives (not with stream).")
+                                 "and this many alternatives.")
 
 
 def _generator(request: Request) -> Generator:
@@ -220,7 +219,7 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         params["max_tokens"] = req.max_completion_tokens
     check_messages([m.model_dump() for m in req.messages])
     tool_choice_needs_tools(req.tools, req.tool_choice)
-    params.update(logprob_params(req.logprobs, req.top_logprobs, req.stream, "logprobs"))
+    params.update(logprob_params(req.logprobs, req.top_logprobs))
     messages = [m.as_llama() for m in req.messages]
     params.update(response_format_params(req.response_format))
     if req.tools and req.tool_choice != "none":
@@ -253,32 +252,35 @@ async def completions(req: CompletionRequest, request: Request) -> Any:
         if len(prompt) != 1:
             raise CommandError("exactly one prompt per request is supported", field="prompt")
         prompt = prompt[0]
-    params = {**req.llama_params(), **logprob_params(req.logprobs, None, req.stream, "logprobs")}
-    if "logprobs_top" not in params:
-        return await _answer(request, req, "complete", prompt, params)
-    result = await _generator(request).generate(req.model, "complete", prompt, params)
-    assert isinstance(result, dict)  # logprobs come with whole answers only
-    result["model"] = req.model
-    for choice in result["choices"]:
-        choice["logprobs"] = completion_logprobs(
-            (choice.get("logprobs") or {}).get("content") or [])
-    return JSONResponse(result)
+    params = {**req.llama_params(), **logprob_params(req.logprobs, None)}
+    return await _answer(request, req, "complete", prompt, params,
+                         completion_shape="logprobs_top" in params)
 
 
 async def _answer(request: Request, req: Sampling, kind: Literal["chat", "complete"],
-                  prompt: Any, params: dict[str, Any]) -> Any:
+                  prompt: Any, params: dict[str, Any], completion_shape: bool = False) -> Any:
+    """``completion_shape``: the answer's logprobs (the backend gives the chat shape) as
+    ``/v1/completions`` answers them."""
     result = await _generator(request).generate(req.model, kind, prompt, params,
                                                 stream=req.stream)
     if isinstance(result, dict):
         result["model"] = req.model
+        if completion_shape:
+            _completion_logprobs(result)
         return JSONResponse(result)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return StreamingResponse(_sse(result, req.model, include_usage),
+    return StreamingResponse(_sse(result, req.model, include_usage, completion_shape),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool
-               ) -> AsyncIterator[str]:
+def _completion_logprobs(answer: dict[str, Any]) -> None:
+    for choice in answer.get("choices") or []:
+        choice["logprobs"] = completion_logprobs(
+            (choice.get("logprobs") or {}).get("content") or [])
+
+
+async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool,
+               completion_shape: bool = False) -> AsyncIterator[str]:
     last: dict[str, Any] = {}
     try:
         async for item in items:
@@ -293,6 +295,8 @@ async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool
                 yield f"data: {json.dumps({'error': error_body(item)})}\n\n"
                 continue
             item["model"] = name
+            if completion_shape:
+                _completion_logprobs(item)
             last = item
             yield f"data: {json.dumps(item)}\n\n"
         yield "data: [DONE]\n\n"

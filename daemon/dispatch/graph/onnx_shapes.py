@@ -25,7 +25,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +77,8 @@ class ConcreteGraph:
     measured: int          # tensors whose shape came from a run, not from inference
     # the annotated model when it was just made and not yet written to ``path``
     model: onnx.ModelProto | None = None
+    # makes and writes it again once ``model`` was dropped unwritten
+    rebuild: Callable[[], object] | None = None
 
     def load(self) -> onnx.ModelProto:
         return self.model if self.model is not None else onnx.load(str(self.path))
@@ -85,6 +87,8 @@ class ConcreteGraph:
         """Write the annotated copy to ``path`` (partial segments are cut from that file)."""
         model, self.model = self.model, None
         if model is None:
+            if not self.path.is_file() and self.rebuild is not None:
+                self.rebuild()
             return
         tmp_out = self.path.with_suffix(f".tmp{os.getpid()}")
         if model.ByteSize() > _INLINE_LIMIT:

@@ -14,13 +14,14 @@ full range is the whole model, so an all-one-target plan compiles exactly the or
 
 from __future__ import annotations
 
+import functools
 import itertools
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from edgepilot.backends.base import Backend, ModelKind, Segment, Target
 from edgepilot.errors import ModelError, PlanError
 from edgepilot.formats import files
 from edgepilot.formats.graph_node import Node
+
+if TYPE_CHECKING:  # onnx is imported only for ONNX models
+    from edgepilot.dispatch.graph.onnx_shapes import ConcreteGraph
 
 # TFLite operators that keep state across invocations inside the interpreter
 STATEFUL_TFLITE_OPS = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
@@ -69,23 +73,27 @@ class Partition:
     # cut from (an ONNX copy annotated for those shapes; the model file itself for TFLite)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     graph_path: Path | None = None
-    # writes ``graph_path`` when the first partial segment needs it (see ``partition``)
-    pending: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # the ONNX copy ``graph_path`` is still to be written (see ``partition``'s ``lazy``)
+    pending: ConcreteGraph | None = field(default=None, repr=False, compare=False)
     _graph_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
                                         compare=False)
+    # a TFLite file of several signatures: the one planned and served (subgraph 0, what the
+    # interpreter runs by default) and the others, which are not
+    signatures: dict[str, Any] | None = None
 
     def write_graph(self) -> None:
-        """Write the annotated graph copy if it is still only in memory (idempotent)."""
+        """Write the annotated graph copy if it is not written yet (idempotent)."""
         with self._graph_lock:
             if self.pending is not None:
-                self.pending()
+                self.pending.write()
                 self.pending = None
 
-    def write_graph_later(self) -> None:
-        """Write the copy in a background thread: the plan in hand runs the whole file, and a
-        later replan's first partial segment waits for the write (:meth:`segment`)."""
-        if self.pending is not None:
-            threading.Thread(target=self.write_graph, name="graph-write", daemon=True).start()
+    def release_graph(self) -> None:
+        """Drop the unwritten copy from memory: a plan that runs the whole file may never cut
+        a segment; the first one a later replan cuts makes the copy again."""
+        with self._graph_lock:
+            if self.pending is not None:
+                self.pending.model = None
 
     def segment(self, start: int, end: int) -> Segment:
         """The segment running layers ``[start, end)``; the full range is the whole model."""
@@ -261,7 +269,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     temporary directory when None), ``feed`` being one realistic input of those shapes for
     graphs whose tensor shapes only a run can tell. ``lazy``: a new concrete copy is written
     when the first partial segment is cut, not before (a plan adopted from a board of the
-    same kind often runs the whole file; the caller calls ``write_graph_later`` once done).
+    same kind often runs the whole file; the caller calls ``release_graph`` once planned).
     """
     path = Path(path)
     if kind is None:
@@ -269,7 +277,8 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         kind = kinds.get(path.suffix.lower())
     digest = files.sha256_of(path)
     graph_path: Path | None = None
-    pending: Callable[[], None] | None = None
+    pending: ConcreteGraph | None = None
+    signatures: dict[str, Any] | None = None
     if kind == "onnx":
         from edgepilot.dispatch.graph.onnx_layers import nodes_of
         from edgepilot.dispatch.graph.onnx_shapes import concrete_graph
@@ -289,14 +298,20 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         graph_path = graph.path
         nodes, ins, outs, sizes = nodes_of(graph.load(), graph.tensors)
         if graph.model is not None:
-            pending = graph.write
+            graph.rebuild = functools.partial(concrete_graph, path, digest, dict(shapes),
+                                              cache_dir, feed)
+            pending = graph
             if not lazy:
                 graph.write()
     elif kind == "tflite":
         from edgepilot.dispatch.graph.tflite_layers import default_shapes, read_tflite
+        from edgepilot.formats.tflite_graph import signature_keys
 
         shapes = dict(shapes) if shapes else default_shapes(path)
         nodes, ins, outs, sizes = read_tflite(path, shapes)
+        served, keys = signature_keys(path)
+        if len(keys) > 1:
+            signatures = {"served": served, "others": [k for k in keys if k != served]}
         if any(n.op in STATEFUL_TFLITE_OPS for n in nodes):
             # resource variables live in one interpreter and CALL_ONCE initialises them all:
             # a streaming model runs whole, and the plan picks its best target
@@ -308,7 +323,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
                      list(nodes), sizes, dict(shapes or {}), graph_path,
-                     pending if lazy else None)
+                     pending if lazy else None, signatures=signatures)
 
 
 def covers_any(backend: Backend, part: Partition, target: Target) -> bool:

@@ -98,11 +98,13 @@ class Calibration:
 
 
 def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: int = 1,
-              min_total_ms: float = 3.0, max_runs: int = 300) -> tuple[float, list[float]]:
+              min_total_ms: float = 3.0, max_runs: int = 300,
+              fastest: list[float] | None = None) -> tuple[float, list[float]]:
     """Median end-to-end ms of ``compiled`` and the median ms of each of its segments.
 
     Short plans get more runs (at least ``min_total_ms`` of timed wall time), like the profiler
     gives short layers, so both sides of predicted/measured are timed the same way.
+    ``fastest``, when given, is filled with the fastest run: end to end, then per segment.
     """
     for _ in range(max(0, warmup)):
         compiled.run(feed)
@@ -118,4 +120,6 @@ def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: i
         if len(totals) == want and sum(totals) < min_total_ms:
             avg = sum(totals) / len(totals)
             want = min(max_runs, max(want, int(min_total_ms / max(avg, 1e-6)) + 1))
+    if fastest is not None:
+        fastest[:] = [min(totals), *(min(p) if p else 0.0 for p in per)]
     return statistics.median(totals), [statistics.median(p) if p else 0.0 for p in per]
