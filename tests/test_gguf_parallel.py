@@ -290,3 +290,32 @@ def test_daemon_serves_concurrent_chats_streamed_or_not(
         assert usage is not None
         assert usage["completion_tokens"] == want["usage"]["completion_tokens"]
         assert usage["prompt_tokens"] == want["usage"]["prompt_tokens"]
+
+
+def test_logprobs_of_concurrent_chats_equal_the_one_at_a_time_ones(
+        parallel4: LlamaBatchExecutable) -> None:
+    """Each sequence's logprobs are recorded by its own logits processor in the batch's
+    sampler, streamed or not, while the others decode in the same steps."""
+    params = {"max_tokens": 8, "temperature": 0, "logprobs_top": 3}
+    single = LlamaCppBackend(LlamacppSection(n_ctx=512)).open(smollm2_gguf())
+    try:
+        want = [single.chat(user(q), **params)["choices"][0]["logprobs"]["content"]
+                for q in QUESTIONS[:3]]
+    finally:
+        single.close()
+
+    def whole(q: str) -> list[dict[str, Any]]:
+        return parallel4.chat(user(q), **params)["choices"][0]["logprobs"]["content"]
+
+    def streamed(q: str) -> list[dict[str, Any]]:
+        return [e for c in parallel4.chat(user(q), stream=True, **params)
+                for e in (c["choices"][0].get("logprobs") or {}).get("content") or []]
+
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda f, q: f(q), [whole, streamed, whole], QUESTIONS[:3]))
+    for mine, theirs in zip(got, want, strict=True):
+        assert [e["token"] for e in mine] == [e["token"] for e in theirs] and mine
+        np.testing.assert_allclose([e["logprob"] for e in mine],
+                                   [e["logprob"] for e in theirs], atol=0.02)
+        assert [[a["token"] for a in e["top_logprobs"]] for e in mine] \
+            == [[a["token"] for a in e["top_logprobs"]] for e in theirs]

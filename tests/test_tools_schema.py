@@ -64,7 +64,8 @@ def _valid_call(name: str, arguments: dict[str, Any]) -> None:
 def test_required_tool_call_round_trip_streamed_and_not(oa: openai.OpenAI) -> None:
     got = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
                                      tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
-                                     temperature=0, max_tokens=60)
+                                     temperature=0, max_tokens=60, logprobs=True,
+                                     top_logprobs=2)
     choice = got.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert choice.message.tool_calls
@@ -73,8 +74,13 @@ def test_required_tool_call_round_trip_streamed_and_not(oa: openai.OpenAI) -> No
     stream = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
                                         tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
                                         temperature=0, max_tokens=60, stream=True,
-                                        stream_options={"include_usage": True})
+                                        stream_options={"include_usage": True},
+                                        logprobs=True, top_logprobs=2)
     chunks = list(stream)
+    # the call's tokens' logprobs, streamed as in the whole answer
+    assert choice.logprobs is not None and choice.logprobs.content
+    assert [e for c in chunks if c.choices and c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content or []] == choice.logprobs.content
     streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert [(c.function.name, c.function.arguments) for c in streamed] \
         == [(call.function.name, call.function.arguments)]  # type: ignore[union-attr]

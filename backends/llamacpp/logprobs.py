@@ -16,6 +16,7 @@ it completes (:meth:`LogprobRecorder.more`), so its chunks' entries are the whol
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -36,23 +37,33 @@ class LogprobRecorder:
         self._pending: np.ndarray | None = None  # the last step's log-softmax
         # a stream's progress through the answer: entries given, their bytes and text
         self._emitted, self._held, self._done, self._at = 0, b"", "", 0
+        self._lock = threading.Lock()  # steps are recorded from the sampling thread too
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
-        self._close()
         x = np.asarray(scores, dtype=np.float32)
         peak = x.max()
         # float32 as llama.cpp's logits; the sum in float64 (a vocabulary of 10^5 terms)
         lse = peak + np.float32(np.log(np.exp(x - peak).sum(dtype=np.float64)))
-        self._pending = x - lse
+        with self._lock:
+            self._close(input_ids)
+            self._pending = x - lse
         return scores
 
-    def _close(self) -> None:
-        """Record the pending step once its token was sampled (``llm.sampled`` grew)."""
+    def _close(self, input_ids: Any = None) -> None:
+        """Record the pending step once its token is known: ``llm.sampled`` grew, or (called
+        for the next step) it is the last of ``input_ids``, the tokens now in the context. A
+        parallel model samples on the engine's thread while the request's thread appends to
+        ``sampled``: the next step can come first."""
         lp = self._pending
-        sampled = self.llm.sampled
-        if lp is None or len(sampled) <= len(self.steps):
+        if lp is None:
             return
-        token = int(sampled[len(self.steps)])
+        sampled = self.llm.sampled
+        if len(sampled) > len(self.steps):
+            token = int(sampled[len(self.steps)])
+        elif input_ids is not None and len(input_ids):
+            token = int(input_ids[-1])
+        else:
+            return
         ids = np.zeros(0, dtype=np.int64)
         if self.top:
             ids = np.argpartition(-lp, self.top - 1)[:self.top]
@@ -68,7 +79,8 @@ class LogprobRecorder:
     def more(self, text: str, *, final: bool) -> list[dict[str, Any]]:
         """The entries not given yet whose text ``text`` (the answer so far) holds whole; with
         ``final``, every remaining one (the last cut where a stop string cut the answer)."""
-        self._close()
+        with self._lock:
+            self._close()
         llama_cpp = import_llama_cpp()
         vocab = self.llm._model.vocab
         out: list[dict[str, Any]] = []

@@ -25,6 +25,12 @@ import numpy as np
 from edgepilot.backends.base import Target
 from edgepilot.backends.llamacpp.batch import BatchEngine, BatchSequence, StepGuard
 from edgepilot.backends.llamacpp.executable import LlamaExecutable
+from edgepilot.backends.llamacpp.logprobs import (
+    LogprobRecorder,
+    attach,
+    chunk_text,
+    with_logprobs,
+)
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     import_llama_cpp,
@@ -131,8 +137,10 @@ class BatchTokenStream:
     """Chunks of one streamed generation of a parallel model; :attr:`usage` once exhausted."""
 
     def __init__(self, exe: LlamaBatchExecutable, view: Any, start: Callable[[], Iterator[Any]],
-                 *, empty_prompt: bool = False, field: str = "prompt") -> None:
+                 *, empty_prompt: bool = False, field: str = "prompt",
+                 logprobs: LogprobRecorder | None = None) -> None:
         self.field = field
+        self._logprobs = logprobs  # each chunk then carries its tokens' logprobs
         self._exe = exe
         self._view = view
         self._start = start
@@ -141,7 +149,14 @@ class BatchTokenStream:
 
     def __iter__(self) -> Iterator[Any]:
         with self._exe.refused(self.field):
-            yield from self._start()
+            text = ""
+            for chunk in self._start():
+                if self._logprobs is not None and chunk.get("choices"):
+                    text += chunk_text(chunk)
+                    choice = chunk["choices"][0]
+                    choice["logprobs"] = {"content": self._logprobs.more(
+                        text, final=bool(choice.get("finish_reason")))}
+                yield chunk
         self.usage = usage_of(self._view, empty_prompt=self._empty_prompt)
         self._exe.report(self._view)
 
@@ -255,35 +270,35 @@ class LlamaBatchExecutable(LlamaExecutable):
         """llama-cpp-python's ``create_chat_completion`` as one sequence of the batch: a dict,
         or (``stream=True``) a :class:`BatchTokenStream`. Setting ``cancel`` ends the
         generation at the next step (finish_reason "stop")."""
-        _no_logprobs(params)
         self.adapter_of(params)
         view = self._view(cancel)
+        params, logprobs = with_logprobs(dict(params), view)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_chat_completion(
-                messages=messages, **params), field="messages")
+                messages=messages, **params), field="messages", logprobs=logprobs)
         with self.refused("messages"):
             out = view.create_chat_completion(messages=messages, **params)
         self.report(view)
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], view)
-        return out
+        return attach(out, logprobs, chat=True)
 
     def complete(self, prompt: str, *, cancel: threading.Event | None = None,
                  **params: Any) -> Any:
         """llama-cpp-python's ``create_completion`` as one sequence of the batch (a dict, or a
         :class:`BatchTokenStream`); ``cancel`` as for :meth:`chat`."""
-        _no_logprobs(params)
         self.adapter_of(params)
         view = self._view(cancel)
+        params, logprobs = with_logprobs(dict(params), view)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_completion(
-                prompt=prompt, **params), empty_prompt=not prompt)
+                prompt=prompt, **params), empty_prompt=not prompt, logprobs=logprobs)
         with self.refused("prompt"):
             out = view.create_completion(prompt=prompt, **params)
         self.report(view)
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], view)
-        return out
+        return attach(out, logprobs, chat=False)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` in a free sequence; return the last position's logits."""
@@ -307,9 +322,3 @@ class LlamaBatchExecutable(LlamaExecutable):
             pool.shutdown(wait=False)
         super().close()
 
-
-def _no_logprobs(params: dict[str, Any]) -> None:
-    # the batch samples every sequence in one step: no per-request logits processor to read
-    if params.pop("logprobs_top", None) is not None:
-        raise CommandError("logprobs are not available for a model generating several chats "
-                           "at once ([backends.llamacpp] parallel > 1)", field="logprobs")

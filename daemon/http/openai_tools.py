@@ -120,7 +120,7 @@ def with_tool_calls(result: dict[str, Any], tools: ToolRequest) -> dict[str, Any
 
 
 def whole_as_chunks(result: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
-    """A whole chat answer as OpenAI's SSE chunks."""
+    """A whole chat answer as OpenAI's SSE chunks (its logprobs on the first)."""
     head = {"id": result.get("id"), "object": "chat.completion.chunk",
             "created": result.get("created"), "model": result.get("model")}
     choice = result["choices"][0]
@@ -131,7 +131,10 @@ def whole_as_chunks(result: dict[str, Any], include_usage: bool) -> AsyncIterato
                                for i, call in enumerate(message["tool_calls"])]
     else:
         delta["content"] = message.get("content") or ""
-    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+    # the answer's logprobs ride on the chunk that carries its text (or calls), as the whole
+    # answer has them
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                    "logprobs": choice.get("logprobs")}]},
               {**head, "choices": [{"index": 0, "delta": {},
                                     "finish_reason": choice.get("finish_reason")}]}]
     if include_usage:
