@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import dispatch_fixtures
+import numpy as np
 
-from edgepilot.backends.base import Target
+from edgepilot.backends.base import Backend, Executable, Segment, Support, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
 from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer
@@ -44,3 +46,63 @@ def test_every_cell_is_measured_against_fp32(mlp_path: Path,
     assert seen[-1][0] == seen[-1][1] and [s[0] for s in seen] == sorted(s[0] for s in seen)
     again = LatencyTable.from_dict(table.as_dict())
     assert again.cells[0][str(INT8)].error == table.cells[0][str(INT8)].error
+
+
+class _Slow(Executable):
+    """A compiled segment of the fp32 runtime plus a fixed 60 ms a run: a reference-kernel
+    target (Arm NN CpuRef) whose runs take seconds where XNNPACK's take milliseconds."""
+
+    def __init__(self, inner: Executable, target: Target, runs: list[str]) -> None:
+        self.inner, self.target, self.runs = inner, target, runs
+        self.inputs, self.outputs = inner.inputs, inner.outputs
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.runs.append(self.target.precision)
+        time.sleep(0.06)
+        return self.inner.run(inputs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _SlowBackend(Backend):
+    """The fp32 onnxruntime CPU target under another name, 60 ms slower a run."""
+
+    name = "slowref"
+
+    def __init__(self, inner: OnnxRuntimeBackend) -> None:
+        self.inner, self.runs = inner, []
+        self.settings = inner.settings
+
+    def probe(self) -> list[Target]:
+        return [SLOW]
+
+    def supports(self, segment: Segment, target: Target) -> Support:
+        return self.inner.supports(segment, FP32)
+
+    def compile(self, segment: Segment, target: Target) -> Executable:
+        return _Slow(self.inner.compile(segment, FP32), target, self.runs)
+
+
+SLOW = Target("slowref", "cpu", "fp32")
+
+
+def test_a_target_far_slower_than_the_best_stops_at_its_first_run(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    """Early elimination covers a slow target's first run: a cell whose first (error) run is
+    EARLY_FACTOR x over its layer's bound is not run on the other inputs, warmed up or timed;
+    nor is such a whole model timed again, nor its per-call cost measured."""
+    part = partition(mlp_path)
+    slow = _SlowBackend(ort_backend)
+    prof = Measurer(part, {"onnxruntime": ort_backend, "slowref": slow}, [FP32, SLOW], FP32,
+                    onnx_gen.sample_inputs(mlp_path, count=2), runs=5, warmup=2, passes=2)
+    table = prof.table()
+    n = len(part.layers)
+    # one run per layer and one for the whole model; without the bound it was 2 error runs,
+    # 2 warm-ups and >= 3 timed runs per cell, 2 merged pairs, and the whole model twice
+    assert len(slow.runs) == n + 1
+    for row in table.cells:
+        assert row[str(SLOW)].ms is not None and row[str(SLOW)].ms >= 60
+        assert row[str(SLOW)].error is not None and row[str(SLOW)].error < 1e-5
+    assert table.overhead_ms[str(SLOW)] == 0.0
+    assert table.extra["whole_ms"][str(SLOW)] >= 60

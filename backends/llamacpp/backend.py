@@ -206,21 +206,24 @@ class LlamaCppBackend(Backend):
     def open_served(self, path: Path, *, model: str, n_ctx: int | None = None,
                     n_gpu_layers: int | None = None, info: GgufInfo | None = None,
                     emit: Emit | None = None, governor: ThreadGovernor | None = None,
-                    adapters: dict[str, Path] | None = None
+                    adapters: dict[str, Path] | None = None, n_threads: int | None = None
                     ) -> LlamaExecutable | LlamaWorkerExecutable:
         """Load ``path`` to serve requests, where ``[backends.llamacpp] isolation`` says:
         ``"process"`` in a worker process named after ``model`` (``emit`` hears its faults
         and restarts), ``"thread"`` in this process (:meth:`open`). ``governor`` (the GGUF
         plan) sets its thread count per request and hears how fast each decoded. The GGUF
         planner measures with :meth:`open` either way: it times llama.cpp itself, not the
-        hand-over."""
+        hand-over. ``n_threads``: the thread count to start with (the plan's; set in the
+        worker as it loads, no round trip after)."""
         if self.isolation == "thread":
             exe = self.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info,
                             adapters=adapters)
+            if n_threads:
+                exe.set_threads(n_threads)
             exe.governor = governor
             return exe
         import_llama_cpp()  # a missing llama-cpp-python is BackendUnavailable here, not there
         return LlamaWorkerExecutable(model, path, self.settings, n_ctx=n_ctx,
                                      n_gpu_layers=n_gpu_layers, emit=emit, governor=governor,
                                      cache_dir=self.cache_dir, adapters=adapters, info=info,
-                                     spares=self.spares)
+                                     spares=self.spares, n_threads=n_threads)

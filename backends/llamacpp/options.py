@@ -8,9 +8,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from edgepilot.backends.options import BackendOptions, Isolation
+
+# why [backends.llamacpp] speculative = "prompt_lookup" is refused (figures: bench/README.md,
+# "Speculative decoding")
+NO_PROMPT_LOOKUP = (
+    "'prompt_lookup' is not offered: on this class of CPU a decode of k drafted tokens costs "
+    "nearly k single decodes (compute-bound; 4 tokens in one decode cost 2.2x one on 2 cores), "
+    "so drafts do not pay, and batched decodes may pick other tokens than single ones at "
+    "temperature 0; allowed: 'off'")
 
 
 class LlamacppSection(BackendOptions):
@@ -62,6 +70,17 @@ class LlamacppSection(BackendOptions):
                     "it), so a GGUF load or a worker restart skips starting the interpreter "
                     "and importing llama-cpp-python. ps shows it as "
                     "`edgepilot worker llamacpp (spare)`.")
+    speculative: Literal["off"] = Field(
+        "off", description="Speculative decoding: 'off' only (prompt lookup was measured and "
+                           "is refused with the reason; see bench/README.md).")
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative(cls, value: object) -> object:
+        if value == "prompt_lookup":
+            raise ValueError(NO_PROMPT_LOOKUP)
+        return value
+
     isolation: Isolation = Field(
         "process",
         description="Where a served GGUF runs: 'process' = in a worker process "

@@ -124,7 +124,7 @@ class LlamaWorkerExecutable(GenerativeExecutable):
                  parallel: int | None = None, emit: Emit | None = None,
                  governor: ThreadGovernor | None = None, cache_dir: Path | None = None,
                  adapters: dict[str, Path] | None = None, info: GgufInfo | None = None,
-                 spares: SparePool | None = None) -> None:
+                 spares: SparePool | None = None, n_threads: int | None = None) -> None:
         """``spares``: where a started worker process waits for a model (one is taken for each
         start, refilled after it); ``info``: the file's header facts, read already."""
         self.model = model
@@ -132,7 +132,7 @@ class LlamaWorkerExecutable(GenerativeExecutable):
         self._options: dict[str, Any] = {
             "model": model, "info": info,
             "path": str(path), "n_ctx": n_ctx, "n_gpu_layers": n_gpu_layers,
-            "parallel": parallel, "settings": settings.model_dump(), "threads": None,
+            "parallel": parallel, "settings": settings.model_dump(), "threads": n_threads,
             "guard": False, "cache_dir": None if cache_dir is None else str(cache_dir),
             "adapters": {k: str(v) for k, v in (adapters or {}).items()}}
         self._emit = emit

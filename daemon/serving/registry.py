@@ -260,11 +260,11 @@ class ModelRegistry:
         # [backends.llamacpp] isolation: a worker process (default) or the llama.cpp thread
         exe = llama.open_served(model.path, model=model.name, n_ctx=n_ctx, info=info,
                                 n_gpu_layers=None if plan is None else plan.n_gpu_layers,
+                                n_threads=None if plan is None else plan.n_threads,
                                 emit=self.emit, governor=gd,
                                 adapters=files.adapter_paths(self.catalog.model_dir,
                                                              model.entry))
         if plan is not None:
-            exe.set_threads(plan.n_threads)
             log.info("%s: GGUF plan %s (n_threads %d, n_gpu_layers %d)", model.name, plan.hash,
                      plan.n_threads, plan.n_gpu_layers)
         return exe
