@@ -2,10 +2,11 @@
 model call them, and the parse of its answer into ``tool_calls``.
 
 Generation is constrained by a grammar built from the tools' JSON schemas: a call the model
-writes is always ``{"name": <a declared tool>, "arguments": <valid for that tool>}``.
+writes is always ``{"name": <a declared tool>, "arguments": <valid for that tool>}``, alone or
+as the one item of a list (the form SmolLM2 and other small models were trained to call in).
 ``tool_choice`` ``"required"`` (or one named function) allows only a call; ``"auto"`` (and
 every Ollama request with tools) allows a call or a plain-text answer that does not start with
-``{``; ``"none"`` leaves the tools out.
+``{`` or ``[``; ``"none"`` leaves the tools out.
 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
 through its template, and the conversation's tool calls and tool results as they are. Any other
@@ -65,12 +66,14 @@ class ToolRequest:
     def parse(self, text: str) -> list[dict[str, Any]] | None:
         """The calls in a generated answer (OpenAI's shape, ``arguments`` a JSON string), or
         None for a plain-text answer."""
-        if not self.active or not text.lstrip().startswith("{"):
+        if not self.active or not text.lstrip().startswith(("{", "[")):
             return None
         try:
             call = json.loads(text)
         except json.JSONDecodeError:
             return None  # cut off by max_tokens: the text is returned as it is
+        if isinstance(call, list) and len(call) == 1:  # the list form of one call
+            call = call[0]
         if not isinstance(call, dict) or call.get("name") not in self.names:
             return None
         return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
@@ -151,10 +154,15 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
                        "required": ["name", "arguments"],
                        "properties": {"name": {"const": name}, "arguments": schema}}
                       for name, schema in declared]}
-    gbnf = schema_gbnf(call, field)
-    if auto:  # a call, or text that does not start a JSON object
-        gbnf = gbnf.replace("root ::=", "call ::=", 1) \
-            + '\nroot ::= call | text\ntext ::= [^{ \\t\\n] [^\\x00]*\n'
+    # a call is one JSON object, or a list holding it: the form small models are trained to
+    # call tools in (SmolLM2's `[{"name": ..., "arguments": ...}]`); a model that opens a list
+    # means a call, and under "auto" that first character is its choice, so a list must not
+    # fall to the text branch
+    gbnf = schema_gbnf(call, field).replace("root ::=", "call ::=", 1) \
+        + '\nroot ::= call | "[" space call "]" space'
+    if auto:  # or text that does not start a JSON object or list
+        gbnf += ' | text\ntext ::= [^{[ \\t\\n] [^\\x00]*'
+    gbnf += "\n"
     if template_renders_tools(template):
         out = [dict(m) for m in messages]
         params: dict[str, Any] = {"tools": tools}
