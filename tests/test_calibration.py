@@ -92,6 +92,12 @@ def test_a_new_split_is_predicted_from_its_segments_timed_alone_before_its_check
     hop = table.hop_ms[1]
     # the prediction rests on the standalone timings, never on the check that followed
     assert plan.predicted_ms == pytest.approx(seg_fp32.measured_ms + seg_int8.measured_ms + hop)
+    # the hop is in the plan JSON: the tensor crossing, and what it was charged
+    crossing = md.part.boundary_bytes(1)
+    bandwidth = md.builder.profile.bandwidth_bytes_per_ms
+    assert crossing > 0 and hop == pytest.approx(crossing / bandwidth)
+    assert plan.as_dict()["hops"] == [{"layer": 1, "from": str(FP32), "to": str(int8),
+                                       "bytes": crossing, "predicted_ms": round(hop, 4)}]
     assert [c["observations"] for c in plan.calibration] == [
         len([o for o in md.builder.calibration.observations[:before + 2] if o.target == t])
         for t in (str(FP32), str(int8))]

@@ -352,7 +352,7 @@ class BatchEngine:
         if self._closed:
             return
         self._closed = True
-        err = BackendError("the model was unloaded while generating; retry", field="model")
+        err = ModelUnloading("the model was unloaded while generating; retry", field="model")
         with self._cond:
             waiting, self._waiting = list(self._waiting), deque()
         for seq in waiting:

@@ -294,6 +294,9 @@ class Plan:
     # already the list of targets taken out after a fault); layers run with a neighbour
     exclusions: list[dict[str, Any]] = field(default_factory=list)
     merged: list[str] = field(default_factory=list)
+    # each hop between segments: before which layer, the targets, the bytes crossing, the
+    # cost charged for it (boundary bytes over the measured host copy bandwidth)
+    hops: list[dict[str, Any]] = field(default_factory=list)
     versus_single: dict[str, Any] | None = None  # the split timed against one target
     planning_s: float | None = None              # wall time prepare() took
 
@@ -317,7 +320,7 @@ class Plan:
             else round(self.uncalibrated_ms, 4),
             "calibration": self.calibration,
             "segments": [{"target": t, "layers": [s, e]} for t, s, e in self.segments],
-            "exclusions": self.exclusions, "merged": self.merged,
+            "exclusions": self.exclusions, "merged": self.merged, "hops": self.hops,
             "versus_single": self.versus_single, "planning_s": self.planning_s,
             "layers": self.layers,
         }
@@ -383,8 +386,12 @@ def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
     segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
     raw = plan_cost(table, assign)
     extra = builder.profile.extra
+    hops = [{"layer": s, "from": segments[k - 1][0], "to": t,
+             "bytes": builder.part.boundary_bytes(s), "predicted_ms": round(table.hop_ms[s], 4)}
+            for k, (t, s, _) in enumerate(segments) if k]
     return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
                 uncalibrated_ms=raw if raw < float("inf") else None,
                 calibration=builder.calibration.summary(segments, len(builder.part.layers)),
                 signature=signature_of(builder.part.shapes),
-                exclusions=list(extra.get("excluded", [])), merged=list(extra.get("merged", [])))
+                exclusions=list(extra.get("excluded", [])), merged=list(extra.get("merged", [])),
+                hops=hops)
