@@ -17,7 +17,7 @@ from edgepilot.backends.llamacpp.adapters import LoraSet
 from edgepilot.backends.llamacpp.logprobs import (
     LogprobRecorder,
     attach,
-    chunk_text,
+    streamed,
     with_logprobs,
 )
 from edgepilot.backends.llamacpp.runtime import (
@@ -55,14 +55,7 @@ class TokenStream:
         with exe.lock:
             exe.begin_request(self.adapter)
             with refused_as_bad_request(self.field):
-                text = ""
-                for chunk in LLAMA_THREAD.iterate(self._start):
-                    if self._logprobs is not None and chunk.get("choices"):
-                        text += chunk_text(chunk)
-                        choice = chunk["choices"][0]
-                        choice["logprobs"] = {"content": self._logprobs.more(
-                            text, final=bool(choice.get("finish_reason")))}
-                    yield chunk
+                yield from streamed(LLAMA_THREAD.iterate(self._start), self._logprobs)
             self.usage = usage_of(exe.llm, empty_prompt=self._empty_prompt)
             exe.end_request()
 

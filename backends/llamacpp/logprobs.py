@@ -17,6 +17,7 @@ it completes (:meth:`LogprobRecorder.more`), so its chunks' entries are the whol
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,20 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     """The text a streamed chunk (chat or completion) adds."""
     choice = (chunk.get("choices") or [{}])[0]
     return str((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+
+
+def streamed(chunks: Iterable[dict[str, Any]], recorder: LogprobRecorder | None
+             ) -> Iterator[dict[str, Any]]:
+    """``chunks`` as they come, each (with a recorder) carrying the logprobs of the tokens
+    whose text it completes; the last one, with its finish reason, flushes the rest."""
+    text = ""
+    for chunk in chunks:
+        if recorder is not None and chunk.get("choices"):
+            text += chunk_text(chunk)
+            choice = chunk["choices"][0]
+            choice["logprobs"] = {"content": recorder.more(
+                text, final=bool(choice.get("finish_reason")))}
+        yield chunk
 
 
 def attach(out: dict[str, Any], recorder: LogprobRecorder | None, chat: bool) -> dict[str, Any]:

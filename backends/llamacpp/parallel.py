@@ -28,7 +28,7 @@ from edgepilot.backends.llamacpp.executable import LlamaExecutable
 from edgepilot.backends.llamacpp.logprobs import (
     LogprobRecorder,
     attach,
-    chunk_text,
+    streamed,
     with_logprobs,
 )
 from edgepilot.backends.llamacpp.runtime import (
@@ -149,14 +149,7 @@ class BatchTokenStream:
 
     def __iter__(self) -> Iterator[Any]:
         with self._exe.refused(self.field):
-            text = ""
-            for chunk in self._start():
-                if self._logprobs is not None and chunk.get("choices"):
-                    text += chunk_text(chunk)
-                    choice = chunk["choices"][0]
-                    choice["logprobs"] = {"content": self._logprobs.more(
-                        text, final=bool(choice.get("finish_reason")))}
-                yield chunk
+            yield from streamed(self._start(), self._logprobs)
         self.usage = usage_of(self._view, empty_prompt=self._empty_prompt)
         self._exe.report(self._view)
 
