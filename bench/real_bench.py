@@ -52,7 +52,7 @@ def split_potential(md: ModelDispatch) -> dict[str, Any]:
 
 
 def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
-            reprofile: bool) -> dict[str, Any]:
+            reprofile: bool, compiles: int = 2) -> dict[str, Any]:
     dispatcher = Dispatcher(config)
     shapes = {k: tuple(v) for k, v in model.input_shapes.items()} or None
     md = dispatcher.get(str(model.path), shapes)
@@ -60,7 +60,7 @@ def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
     t0 = time.perf_counter()
     md.prepare(reprofile=reprofile)
     plan_s = time.perf_counter() - t0
-    result = bench(md, runs=runs, budget_s=budget_s)
+    result = bench(md, runs=runs, budget_s=budget_s, compiles=compiles)
     result["model"] = model.name
     result["what"] = model.what
     result["signature"] = md.signature
@@ -107,6 +107,8 @@ def main() -> int:
     ap.add_argument("--state-dir", default=str(Path.home() / ".cache" / "edgepilot-bench"))
     ap.add_argument("--only", default="", help="comma-separated corpus names")
     ap.add_argument("--reprofile", action="store_true")
+    ap.add_argument("--compiles", type=int, default=2,
+                    help="fresh compiles of each variant the rounds rotate through")
     args = ap.parse_args()
     only = {n for n in args.only.split(",") if n}
     config = Config.model_validate({"daemon": {"state_dir": args.state_dir,
@@ -118,7 +120,8 @@ def main() -> int:
             continue
         print(f"== {model.name}: {model.what}", file=sys.stderr, flush=True)
         try:
-            results.append(run_one(config, model, args.runs, args.budget_s, args.reprofile))
+            results.append(run_one(config, model, args.runs, args.budget_s, args.reprofile,
+                                   args.compiles))
         except EdgepilotError as exc:  # the one-line reason the CLI prints
             results.append({"model": model.name, "error": exc.message})
         except Exception as exc:  # report every model, met or not

@@ -107,6 +107,13 @@ class ModelUnloading(BackendError):
     retry_after_s = 1
 
 
+class GrammarAborted(CommandError):
+    """A grammar (from ``format``, ``response_format`` or ``tools``) that made llama.cpp abort
+    the model's worker once: refused from then on rather than crash it again."""
+
+    code = "grammar_aborted"
+
+
 class ContextOverflow(CommandError):
     """The prompt does not fit the model's context window (the client's input: a 400)."""
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ollama
+import openai
 import pytest
 from daemon_proc import DaemonProcess
 from llama_cpp import Llama, LogitsProcessorList
@@ -244,7 +246,9 @@ def daemon(module_tmp: Path) -> Iterator[DaemonProcess]:  # noqa: F811
     models = module_tmp / "models"
     models.mkdir()
     shutil.copy(smollm2_gguf(), models / "smol.gguf")
-    d = start_daemon(module_tmp, f"[backends.llamacpp]\nn_ctx = {N_CTX}\nparallel = 4\n")
+    # max_queue 1: four chats generate, one more waits, the next is a 503 (see the busy test)
+    d = start_daemon(module_tmp, f"[backends.llamacpp]\nn_ctx = {N_CTX}\nparallel = 4\n"
+                                 "[http]\nmax_queue = 1\n")
     yield d
     assert d.stop() == 0
 
@@ -319,3 +323,54 @@ def test_logprobs_of_concurrent_chats_equal_the_one_at_a_time_ones(
                                    [e["logprob"] for e in theirs], atol=0.02)
         assert [[a["token"] for a in e["top_logprobs"]] for e in mine] \
             == [[a["token"] for a in e["top_logprobs"]] for e in theirs]
+
+
+def test_a_request_past_the_sequences_and_the_line_is_a_503_busy(daemon: DaemonProcess) -> None:
+    """Four chats hold the four sequences, one more may wait ([http] max_queue = 1): of two
+    more, one waits and succeeds once a sequence is free, the other is a 503 ``busy`` with
+    Retry-After, through the real ``openai`` and ``ollama`` clients."""
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+    streams = [oa.chat.completions.create(
+        model="smol", messages=user("Write a long story about a robot who learns to paint."),
+        max_tokens=400, temperature=0, stream=True) for _ in range(4)]  # type: ignore[arg-type]
+    for s in streams:
+        next(iter(s))  # generating: the four sequences are taken
+    outcomes: dict[str, Any] = {}
+
+    def ask_openai() -> None:
+        try:
+            outcomes["openai"] = oa.chat.completions.create(
+                model="smol", messages=user("Hi"), max_tokens=2)  # type: ignore[arg-type]
+        except openai.APIStatusError as exc:
+            outcomes["openai"] = exc
+
+    def ask_ollama() -> None:
+        try:
+            outcomes["ollama"] = ollama.Client(host=daemon.url).chat(
+                model="smol", messages=user("Hi"), options={"num_predict": 2})
+        except ollama.ResponseError as exc:
+            outcomes["ollama"] = exc
+
+    threads = [threading.Thread(target=ask_openai), threading.Thread(target=ask_ollama)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while not outcomes and time.monotonic() < deadline:  # the refused one answers at once
+        time.sleep(0.05)
+    for s in streams:
+        s.close()  # the chats' clients leave: their sequences are freed for the waiting one
+    for t in threads:
+        t.join(timeout=300)
+    busy = [v for v in outcomes.values()
+            if isinstance(v, openai.APIStatusError | ollama.ResponseError)]
+    assert len(outcomes) == 2 and len(busy) == 1, outcomes
+    refused = busy[0]
+    assert refused.status_code == 503
+    if isinstance(refused, openai.APIStatusError):
+        assert isinstance(refused.body, dict) and refused.body["code"] == "busy"
+        assert refused.response.headers["retry-after"]
+        assert "max_queue = 1" in refused.body["message"]
+    else:
+        assert "max_queue = 1" in refused.error
+    served = next(v for v in outcomes.values() if v is not refused)
+    assert isinstance(served, openai.types.chat.ChatCompletion | ollama.ChatResponse)

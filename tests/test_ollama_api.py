@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,10 @@ import pytest
 from daemon_proc import DaemonProcess
 from llama_cpp import Llama
 from models_fixtures import gguf_path, module_tmp, smollm2_gguf, start_daemon  # noqa: F401
+
+from edgepilot.errors import CommandError
+from edgepilot.formats.gguf_info import COMPUTE_OVERHEAD_BYTES, read_gguf_info
+from edgepilot.serving.num_ctx import num_ctx_limit
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -155,9 +160,12 @@ def test_bad_schemas_are_400_naming_format(client: ollama.Client) -> None:
 
 def test_a_prompt_over_the_context_is_400_naming_num_ctx(client: ollama.Client,
                                                         daemon: DaemonProcess) -> None:
+    # unloaded first: the next load has the configured n_ctx (an earlier test's num_ctx
+    # reloaded the model with its own)
+    assert client.generate(model="smol", prompt="", keep_alive=0).done_reason == "unload"
     long = "word " * 1100  # over the daemon's n_ctx of 1024 tokens
     asks = [lambda: client.chat(model="smol", messages=[{"role": "user", "content": long}],
-                                stream=False, options={"num_ctx": 8192}),
+                                stream=False, options={"temperature": 0}),
             lambda: list(client.chat(model="smol", stream=True,
                                      messages=[{"role": "user", "content": long}])),
             lambda: client.generate(model="smol", prompt=long, stream=False)]
@@ -165,8 +173,10 @@ def test_a_prompt_over_the_context_is_400_naming_num_ctx(client: ollama.Client,
         with pytest.raises(ollama.ResponseError) as err:
             ask()
         assert err.value.status_code == 400
+        # the way out is named, with how far it goes: smol was trained for 8192 tokens
         assert err.value.error.startswith(f"{field}: ") and "context window of 1024" \
-            in err.value.error and "options.num_ctx" in err.value.error, err.value.error
+            in err.value.error and "options.num_ctx" in err.value.error \
+            and "at most 8192" in err.value.error, err.value.error
     oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
     with pytest.raises(openai.BadRequestError) as bad:
         oa.chat.completions.create(model="smol", messages=[{"role": "user", "content": long}],
@@ -174,6 +184,62 @@ def test_a_prompt_over_the_context_is_400_naming_num_ctx(client: ollama.Client,
     assert isinstance(bad.value.body, dict) and bad.value.body["field"] == "messages"
     assert "raise n_ctx" in bad.value.body["message"]
     assert client.chat(model="smol", messages=MESSAGES, options=GREEDY).message.content
+
+
+def test_num_ctx_reloads_the_model_with_that_context_after_its_requests(
+        client: ollama.Client) -> None:
+    """Ollama's semantics: a request asking another ``options.num_ctx`` reloads the model with
+    it (waiting for the requests in flight, as an unload does); one without keeps it."""
+    long = "word " * 1100  # over the configured 1024 tokens, within smol's trained 8192
+    client.generate(model="smol", prompt="", keep_alive=0)
+    client.generate(model="smol", prompt="", keep_alive="5m")  # loaded as configured
+    assert _loaded(client)["smol"].context_length == 1024
+    stream = client.chat(model="smol", messages=MESSAGES, stream=True,
+                         options={"temperature": 0, "num_predict": 40})
+    first = next(stream)  # a request in flight on the 1024-token copy
+    got: dict[str, ollama.ChatResponse] = {}
+    bigger = threading.Thread(target=lambda: got.update(answer=client.chat(
+        model="smol", messages=[{"role": "user", "content": long}], stream=False,
+        options={"num_ctx": 2048, "num_predict": 4, "temperature": 0})))
+    bigger.start()
+    rest = list(stream)  # finishes on the copy it started on (an error would raise here)
+    bigger.join(timeout=600)
+    assert not first.done and rest[-1].done and rest[-1].done_reason in ("stop", "length")
+    assert rest[-1].eval_count and rest[-1].eval_count > 1
+    answer = got["answer"]
+    assert answer.done and answer.prompt_eval_count and answer.prompt_eval_count > 1024
+    assert answer.load_duration and answer.load_duration > 0  # it was reloaded for this one
+    assert _loaded(client)["smol"].context_length == 2048
+    # a request without num_ctx takes the model as it is loaded
+    plain = client.chat(model="smol", messages=[{"role": "user", "content": long}],
+                        options={"num_predict": 2})
+    assert plain.done and _loaded(client)["smol"].context_length == 2048
+    # past the context smol was trained for: a 400 naming the option and its maximum, and the
+    # loaded copy stays
+    with pytest.raises(ollama.ResponseError) as over:
+        client.chat(model="smol", messages=MESSAGES, options={"num_ctx": 100_000})
+    assert over.value.status_code == 400 and over.value.error.startswith("options.num_ctx")
+    assert "allowed 16..8192" in over.value.error and "n_ctx_train" in over.value.error
+    assert _loaded(client)["smol"].context_length == 2048
+    client.generate(model="smol", prompt="", keep_alive=0)  # the next tests load it anew
+
+
+def test_num_ctx_is_bounded_by_the_memory_budget() -> None:
+    info = read_gguf_info(smollm2_gguf())
+    roomy = num_ctx_limit(info, budget=8 << 30, busy=0, parallel=1, kv_type="f16")
+    assert roomy.allowed == info.n_ctx_train == 8192 and "n_ctx_train" in roomy.why
+    per_token = info.kv_bytes(256) / 256
+    budget = info.weights_bytes + COMPUTE_OVERHEAD_BYTES + int(3000 * per_token)
+    tight = num_ctx_limit(info, budget=budget, busy=0, parallel=1, kv_type="f16")
+    assert tight.allowed == 2816 and "memory budget" in tight.why  # 256-token cells
+    assert info.estimate_bytes(tight.allowed) <= budget < info.estimate_bytes(tight.allowed + 1)
+    # models with requests in flight stay; each of N parallel sequences gets num_ctx
+    shared = num_ctx_limit(info, budget=budget, busy=int(1000 * per_token), parallel=2,
+                           kv_type="f16")
+    assert shared.allowed == 1792 // 2 and "parallel" in shared.why
+    with pytest.raises(CommandError) as err:
+        tight.check("smol", 4096)
+    assert err.value.field == "options.num_ctx" and "allowed 16..2816" in err.value.message
 
 
 def _loaded(client: ollama.Client) -> dict[str, ollama.ProcessResponse.Model]:

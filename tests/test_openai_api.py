@@ -343,3 +343,45 @@ def test_streamed_logprobs_equal_the_whole_answers(client: openai.OpenAI) -> Non
     tokens = [t for p in pieces if p.choices and p.choices[0].logprobs
               for t in p.choices[0].logprobs.tokens or []]
     assert "".join(tokens) == "".join(p.choices[0].text for p in pieces if p.choices)
+
+
+def test_an_answer_past_the_context_ends_with_length_not_an_error(
+        client: openai.OpenAI, daemon: DaemonProcess) -> None:
+    """A prompt that fits the context (256 tokens) but leaves less room than ``max_tokens``
+    asks: the answer is the tokens that fit, ending ``length`` (OpenAI) / ``done_reason:
+    "length"`` (Ollama), streamed or not, on both APIs."""
+    room = 256 - 200  # the prompt below is 200 tokens and max_tokens 500 (> the context)
+    prompt = "a " * 198  # the tiny GGUF's tokenizer: BOS, then one token a word, one more
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=500,
+                                      temperature=0)
+    assert whole.usage is not None and whole.usage.prompt_tokens == 200, whole.usage
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == room
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=500,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == room
+    messages = [{"role": "user", "content": prompt}]
+    chat = client.chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                          max_tokens=500, temperature=0)
+    assert chat.usage is not None and chat.choices[0].finish_reason == "length"
+    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 256
+    streamed = list(client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=500,  # type: ignore[arg-type]
+        temperature=0, stream=True))
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "length"
+    ol = ollama.Client(host=daemon.url)
+    for stream in (False, True):
+        got = ol.chat(model="tiny", messages=messages, stream=stream,
+                      options={"num_predict": 500, "temperature": 0})
+        last = list(got)[-1] if stream else got
+        assert isinstance(last, ollama.ChatResponse)
+        assert last.done and last.done_reason == "length"
+        assert last.eval_count == chat.usage.completion_tokens
+        gen = ol.generate(model="tiny", prompt=prompt, raw=True, stream=stream,
+                          options={"num_predict": -1, "temperature": 0})
+        end = list(gen)[-1] if stream else gen
+        assert isinstance(end, ollama.GenerateResponse)
+        assert end.done and end.done_reason == "length" and end.eval_count == room

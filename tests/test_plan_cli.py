@@ -61,9 +61,11 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     assert again["from_cache"] and again["hash"] == plan["hash"]
     text = cli(tmp_path, "plan", "tf")
     assert "runner-up" in text.stdout and "predicted" in text.stdout
-    bench = cli(tmp_path, "bench", "tf", "--json", "--runs", "3")
+    bench = cli(tmp_path, "bench", "tf", "--json", "--runs", "3", "--compiles", "3")
     assert bench.returncode == 0, bench.stderr
     data = json.loads(bench.stdout)
+    # three fresh compiles of every variant, rotated: every round ran one of them
+    assert data["compiles"] == 3 and data["runs"] >= 3
     assert set(data["plan"]) >= {"median_ms", "predicted_ms", "targets", "error"}
     assert set(data["single"]) == {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8",
                                    "onnxruntime/cpu/int4"}
@@ -79,6 +81,8 @@ def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
     res = cli(tmp_path, "plan", "nope")
     assert res.returncode == 2
     assert "unknown model 'nope'" in res.stderr and "tf" in res.stderr
+    res = cli(tmp_path, "bench", "tf", "--compiles", "0")
+    assert res.returncode == 2 and "--compiles 0: allowed 1..8" in res.stderr
 
 
 def test_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -> None:

@@ -55,12 +55,26 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
                            f"({type(exc).__name__}: {exc})", field=field) from None
 
 
-def grammar_of(gbnf: str) -> Any:
-    """A ``LlamaGrammar`` for a grammar text from :func:`schema_gbnf`."""
-    return import_llama_cpp().LlamaGrammar.from_string(gbnf, verbose=False)
+def grammar_of(gbnf: str, field: str = "grammar") -> Any:
+    """A ``LlamaGrammar`` for a grammar text from :func:`schema_gbnf`; it carries the request
+    field it came from (:func:`field_of`), for an error about it after it left the request."""
+    grammar = import_llama_cpp().LlamaGrammar.from_string(gbnf, verbose=False)
+    grammar.edgepilot_field = field.split(".")[0]
+    return grammar
+
+
+def field_of(grammar: Any) -> str:
+    """The request field a grammar came from (``format``, ``response_format``, ``tools``)."""
+    return str(getattr(grammar, "edgepilot_field", "grammar"))
+
+
+def text_of(grammar: Any) -> str | None:
+    """The GBNF text of a ``LlamaGrammar`` (None when it is not one)."""
+    text = getattr(grammar, "_grammar", None)
+    return text if isinstance(text, str) else None
 
 
 def schema_grammar(schema: dict[str, Any] | None, field: str) -> Any:
     """A ``LlamaGrammar`` that makes llama.cpp write JSON valid against ``schema`` (None: any
     JSON object)."""
-    return grammar_of(schema_gbnf(ANY_OBJECT if schema is None else schema, field))
+    return grammar_of(schema_gbnf(ANY_OBJECT if schema is None else schema, field), field)

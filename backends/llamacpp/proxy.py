@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
+from edgepilot.backends.llamacpp.aborts import AbortedGrammars
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.process import StepGuard, WorkerCrashed, WorkerProcess
 from edgepilot.backends.llamacpp.runtime import ThreadGovernor
@@ -106,6 +107,7 @@ class WorkerTokenStream:
                     continue
                 finished = True
                 if msg[0] == "error":
+                    self._exe.failed(call.worker, self._kwargs, msg[1])
                     raise msg[1]
                 self.usage = msg[1]
                 self._exe.observed(msg[2])
@@ -144,6 +146,7 @@ class LlamaWorkerExecutable(GenerativeExecutable):
         # the GGUF plan: the thread count per request, the decode speed the worker saw
         self.governor = governor
         self.restarts = 0
+        self.aborted = AbortedGrammars(model)  # grammars that made llama.cpp abort a worker
         self._worker: WorkerProcess = self._start()
 
     # ---- the worker ----------------------------------------------------------------------------
@@ -274,6 +277,7 @@ class LlamaWorkerExecutable(GenerativeExecutable):
 
     def _generate(self, method: str, key: str, arg: Any, cancel: threading.Event | None,
                   params: dict[str, Any]) -> Any:
+        self.aborted.refuse(params)  # a grammar that aborted a worker is not sent again
         kwargs = {key: arg, **params}
         if self.governor is not None:
             kwargs["threads"] = self.governor.threads_for_request()
@@ -285,9 +289,16 @@ class LlamaWorkerExecutable(GenerativeExecutable):
         finally:
             call.done()
         if msg[0] == "error":
+            self.failed(call.worker, kwargs, msg[1])
             raise msg[1]
         self.observed(msg[2])
         return msg[1]
+
+    def failed(self, worker: WorkerProcess, kwargs: dict[str, Any], exc: BaseException) -> None:
+        """A call failed with ``exc``: a worker that died of llama.cpp's abort under a grammar
+        leaves that grammar refused (:mod:`.aborts`)."""
+        if isinstance(exc, WorkerCrashed):
+            self.aborted.died(kwargs, worker.returncode, worker.pid)
 
     def chat(self, messages: list[dict[str, Any]], *, cancel: threading.Event | None = None,
              **params: Any) -> Any:

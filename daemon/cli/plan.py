@@ -29,6 +29,9 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--runs", type=int, default=30, help="fewest timed rounds (default 30)")
     b.add_argument("--budget-s", type=float, default=0.3,
                    help="timed seconds every variant gets at least (default 0.3, 0..60)")
+    b.add_argument("--compiles", type=int, default=2,
+                   help="fresh compiles of each variant, rotated between rounds: averages out "
+                        "one session's offset (default 2, 1..8)")
     add_shape_flag(b)
     b.set_defaults(func=cmd_bench)
 
@@ -182,13 +185,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
     if not 0 <= args.budget_s <= 60:
         raise ConfigError(f"--budget-s {args.budget_s}: allowed 0..60", field="budget_s")
+    if not 1 <= args.compiles <= 8:
+        raise ConfigError(f"--compiles {args.compiles}: allowed 1..8", field="compiles")
     dispatcher = make_dispatcher(config_from(args))
     md = dispatcher.get(args.model, input_shapes(args))
     if not isinstance(md, ModelDispatch):
         raise ModelError(f"bench compares per-layer plans of ONNX/TFLite models; for the GGUF "
                          f"model {args.model!r} run `edgepilot plan {args.model}`, which times "
                          "every llama.cpp candidate", field="model")
-    result = bench(md, runs=args.runs, budget_s=args.budget_s)
+    result = bench(md, runs=args.runs, budget_s=args.budget_s, compiles=args.compiles)
     end_progress()
     if args.json:
         print(json.dumps(result, indent=2))

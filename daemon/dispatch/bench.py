@@ -12,6 +12,12 @@ Variants slower than ``COLD_MS`` get no untimed call (cache state is noise on a 
 Medians are reported with the output error of each variant against the fp32 reference, plus the
 median over rounds of each variant's time divided by the plan's time in the same round
 (``paired_ratio``), which cancels most of the shared-board noise.
+
+Each variant is compiled ``compiles`` times and round ``r`` runs compile ``r % compiles``: two
+sessions of the very same bytes can sit a few percent apart for as long as they live (where
+their buffers landed, which cores their pools woke on), and a plan that is one target's whole
+model is exactly such a pair with that target. Rotating fresh compiles averages that offset out
+of the ratio instead of reporting it as the plan's gain or loss.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from edgepilot.backends.base import Target
+from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.errors import EdgepilotError
@@ -82,18 +90,34 @@ def raw_runner(md: ModelDispatch) -> Runner:
     return run_tflite
 
 
+def plan_runner(md: ModelDispatch) -> Runner:
+    """A fresh compile of the installed plan's segments (what :meth:`prepare` compiled)."""
+    assert md.plan is not None and md.part is not None
+    segs = []
+    for target, s, e in md.plan.segments:
+        parsed = Target.parse(target)
+        seg = md.part.segment(s, e)
+        segs.append(CompiledSegment(target, s, e, seg,
+                                    md.backends[parsed.backend].compile(seg, parsed), 0.0))
+    compiled = CompiledPlan(segs, md.part.outputs)
+    return lambda f: compiled.run(f)[0]
+
+
 def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
-          budget_s: float = 0.3) -> dict[str, Any]:
+          budget_s: float = 0.3, compiles: int = 2) -> dict[str, Any]:
     """The bench JSON (`edgepilot bench --json`) for a prepared (or preparable) model.
 
-    ``runs`` is the fewest rounds, ``budget_s`` the timed seconds every variant gets at least.
+    ``runs`` is the fewest rounds, ``budget_s`` the timed seconds every variant gets at least,
+    ``compiles`` how many fresh compiles of each variant the rounds rotate through.
     """
     if md.compiled is None or md.plan is None:
         md.prepare()
     assert md.compiled is not None and md.plan is not None and md.part is not None
     feed = md.calibration[0]
     plan_compiled = md.compiled
-    runners: dict[str, Runner] = {"plan": lambda f: plan_compiled.run(f)[0]}
+    k = max(1, compiles)
+    pool: dict[str, list[Runner]] = {
+        "plan": [lambda f: plan_compiled.run(f)[0]] + [plan_runner(md) for _ in range(k - 1)]}
     whole = md.part.segment(0, len(md.part.layers))
     skipped: dict[str, str] = {}
     for target in md.targets:
@@ -103,43 +127,47 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
             skipped[str(target)] = support.reason
             continue
         try:
-            runners[str(target)] = backend.compile(whole, target).run
+            pool[str(target)] = [backend.compile(whole, target).run for _ in range(k)]
         except EdgepilotError as exc:
             skipped[str(target)] = exc.message
     try:
-        runners["raw"] = raw_runner(md)
+        pool["raw"] = [raw_runner(md) for _ in range(k)]
     except Exception as exc:  # the raw runtime is a reference, not a requirement
         skipped["raw"] = f"{type(exc).__name__}: {exc}"
-    errors = {name: max(output_error(fn(f), ref, md.opts.metric)
+    # every compile's error: a rotated compile that computed something else would time a
+    # different model
+    errors = {name: max(output_error(fn(f), ref, md.opts.metric) for fn in fns
                         for f, ref in zip(md.calibration, md.ref_outputs, strict=True))
-              for name, fn in runners.items()}
+              for name, fns in pool.items()}
     est: dict[str, float] = {}
     for _ in range(warmup):
-        for name, fn in runners.items():
-            t0 = time.perf_counter()
-            fn(feed)
-            est[name] = (time.perf_counter() - t0) * 1e3
+        for name, fns in pool.items():
+            for fn in fns:
+                t0 = time.perf_counter()
+                fn(feed)
+                est[name] = (time.perf_counter() - t0) * 1e3
     calls = {name: max(BURST, min(200, int(BURST_MS / max(ms, 1e-3)) + 1))
              for name, ms in est.items()}
     slow = {name for name, ms in est.items() if ms > COLD_MS}
-    times: dict[str, list[float]] = {name: [] for name in runners}
+    times: dict[str, list[float]] = {name: [] for name in pool}
     # every timed call's ms, for the tail (p95) next to the medians
-    calls_ms: dict[str, list[float]] = {name: [] for name in runners}
-    timed_s: dict[str, float] = dict.fromkeys(runners, 0.0)
+    calls_ms: dict[str, list[float]] = {name: [] for name in pool}
+    timed_s: dict[str, float] = dict.fromkeys(pool, 0.0)
     rng = random.Random(0)
-    order = list(runners)
+    order = list(pool)
     rounds = 0
     while rounds < max(1, runs) or (min(timed_s.values()) < budget_s and rounds < MAX_ROUNDS):
         rounds += 1
         rng.shuffle(order)
         for name in order:
-            ms, spent = _burst(runners[name], feed, 1 if name in slow else calls[name],
+            fns = pool[name]
+            ms, spent = _burst(fns[rounds % len(fns)], feed, 1 if name in slow else calls[name],
                                name in slow, calls_ms[name])
             times[name].append(ms)
             timed_s[name] += spent
         if md.progress:  # the CLI's bar: rounds go on past ``runs`` until every budget is met
             md.progress(rounds, max(runs, rounds + 1),
-                        f"bench round {rounds}: {len(runners)} variants side by side")
+                        f"bench round {rounds}: {len(pool)} variants side by side")
     if md.progress:
         md.progress(rounds, rounds, f"bench: {rounds} rounds")
     med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -148,11 +176,12 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     single = {name: {"median_ms": round(med[name], 4), "p95_ms": p95[name],
                      "error": errors[name],
                      "within_tolerance": errors[name] <= tol}
-              for name in runners if name not in ("plan", "raw")}
+              for name in pool if name not in ("plan", "raw")}
     eligible = [v["median_ms"] for v in single.values() if v["within_tolerance"]]
     best = min(eligible) if eligible else None
     result: dict[str, Any] = {
         "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": rounds,
+        "compiles": k,
         "timed_s": {name: round(v, 3) for name, v in timed_s.items()},
         "plan": {"median_ms": round(med["plan"], 4), "p95_ms": p95["plan"],
                  "predicted_ms": round(md.plan.predicted_ms, 4),
@@ -164,7 +193,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
         # median over rounds of (single / plan) timed in the same round
         "paired_ratio": {name: round(statistics.median(
             a / b for a, b in zip(times[name], times["plan"], strict=True)), 3)
-            for name in runners if name != "plan"},
+            for name in pool if name != "plan"},
         "speedup_vs_best_single_paired": None,
         "predicted_vs_measured": round(md.plan.predicted_ms / med["plan"], 3),
         # the plan's own check right after compiling (warm, alone), predicted from earlier

@@ -37,6 +37,7 @@ from edgepilot.http.ollama_request import (
     Message,
     ShowBody,
     keep_alive_seconds,
+    num_ctx_option,
     parse,
     sampler_params,
 )
@@ -135,7 +136,7 @@ def _llama_message(m: Message, i: int) -> dict[str, Any]:
 
 
 async def _load_only(gen: Generator, name: str, keep: float | None, started: int,
-                     key: str) -> JSONResponse:
+                     key: str, num_ctx: int | None) -> JSONResponse:
     """An empty request: load the model (or unload it with keep_alive 0), Ollama's way of
     preloading from a client."""
     gen.registry.catalog.resolve(name)
@@ -144,7 +145,7 @@ async def _load_only(gen: Generator, name: str, keep: float | None, started: int
         reason = "unload"
         load_ns = 0
     else:
-        load_ns = await load_timed(gen, name)
+        load_ns = await load_timed(gen, name, num_ctx)
         apply_keep_alive(gen, name, keep)
         reason = "load"
     body: Any = {"role": "assistant", "content": ""} if key == "message" else ""
@@ -154,16 +155,19 @@ async def _load_only(gen: Generator, name: str, keep: float | None, started: int
 
 
 async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stream: bool,
-                  field: str = "messages") -> Any:
+                  num_ctx: int | None, field: str = "messages") -> Any:
     """Start the generation (errors before its first token raise: the app answers their
     status) and answer it streamed, or whole (an error on the way raises too)."""
     try:
-        run = await start(gen, *run_args)
+        run = await start(gen, *run_args, num_ctx=num_ctx)
     except ContextOverflow as exc:
-        # Ollama's clients (home-automation agents) send options.num_ctx and expect it to size
-        # the context: say that here the loaded model's own context applies
-        raise ContextOverflow(f"{exc.message}; options.num_ctx does not resize a loaded model "
-                              "here (the model's n_ctx applies)", field=field) from None
+        # Ollama's clients (home-automation agents) size the context with options.num_ctx:
+        # say how far it may go for this model
+        limit = await gen.registry.num_ctx_limit(gen.registry.catalog.resolve(
+            gen.adapter_in_name(run_args[0], {})[0]))
+        raise ContextOverflow(f"{exc.message}; or send options.num_ctx (the model is reloaded "
+                              f"with that context; at most {limit.allowed} here: {limit.why})",
+                              field=field) from None
     answers = parts(run, gen, chat=chat, stream=stream)
     if stream:
         return StreamingResponse(ndjson(answers), media_type="application/x-ndjson")
@@ -178,8 +182,9 @@ async def chat(request: Request) -> Any:
     body = parse(ChatBody, await _json(request))
     gen = _generator(request)
     name, keep, params = _common(gen, body)
+    num_ctx = num_ctx_option(body.options)
     if not body.messages:
-        return await _load_only(gen, name, keep, started, "message")
+        return await _load_only(gen, name, keep, started, "message", num_ctx)
     messages = [_llama_message(m, i) for i, m in enumerate(body.messages)]
     tools = None
     if body.tools:
@@ -193,7 +198,7 @@ async def chat(request: Request) -> Any:
         messages = tools.messages
         params.update(tools.params)
     return await _answer(gen, (name, "chat", messages, params, keep, started, tools),
-                         chat=True, stream=body.stream)
+                         chat=True, stream=body.stream, num_ctx=num_ctx)
 
 
 @router.post("/api/generate", summary="Ollama completion (NDJSON stream unless stream is false)",
@@ -208,15 +213,17 @@ async def generate(request: Request) -> Any:
         if value:
             raise CommandError(f"{field} is not supported by this daemon; send the prompt "
                                "(and system) only", field=field)
+    num_ctx = num_ctx_option(body.options)
     if not body.prompt:
-        return await _load_only(gen, name, keep, started, "response")
+        return await _load_only(gen, name, keep, started, "response", num_ctx)
     if body.raw:
         args: tuple[Any, ...] = (name, "complete", body.prompt, params, keep, started)
     else:  # Ollama applies the model's template to prompt and system
         messages = ([{"role": "system", "content": body.system}] if body.system else []) \
             + [{"role": "user", "content": body.prompt}]
         args = (name, "chat", messages, params, keep, started)
-    return await _answer(gen, args, chat=False, stream=body.stream, field="prompt")
+    return await _answer(gen, args, chat=False, stream=body.stream, num_ctx=num_ctx,
+                         field="prompt")
 
 
 async def _embed(request: Request, name: str, texts: list[str], keep: float | None

@@ -3,9 +3,10 @@
 Bodies are validated here rather than by FastAPI so that a bad value is a 400 naming the field
 (``options.temperature``), as Ollama answers, in the daemon's one error shape. ``options`` map
 onto llama.cpp's sampler (:data:`SAMPLER_OPTIONS`); options that configure a model load
-(``num_ctx``, ``num_thread``, ``num_gpu``, ...) are checked for type and otherwise left to the
-model's config (a loaded model keeps its context: :data:`LOAD_OPTIONS`), and options Ollama
-does not know are ignored, as Ollama ignores them.
+(``num_thread``, ``num_gpu``, ...) are checked for type and otherwise left to the model's config
+(:data:`LOAD_OPTIONS`), but for ``num_ctx``: a request asking a context the model is not loaded
+with reloads it with that one (:func:`num_ctx_option`), as Ollama does; options Ollama does not
+know are ignored, as Ollama ignores them.
 """
 
 from __future__ import annotations
@@ -97,6 +98,17 @@ def sampler_params(options: dict[str, Any] | None) -> dict[str, Any]:
             if kind is int:
                 _number(name, value, int, (-1, 1 << 24))
     return params
+
+
+def num_ctx_option(options: dict[str, Any] | None) -> int | None:
+    """``options.num_ctx``: the context per request to load the model with (None: absent, 0
+    or negative, the model's context as it is loaded). Checked against the model when it is
+    loaded (:mod:`edgepilot.serving.num_ctx`)."""
+    value = (options or {}).get("num_ctx")
+    if value is None:
+        return None
+    n = _number("num_ctx", value, int, (-1, 1 << 24))
+    return n if n > 0 else None
 
 
 # a Go duration as Ollama parses keep_alive ("5m", "1h30m", "300ms", "-1s")

@@ -66,10 +66,11 @@ def apply_keep_alive(gen: Generator, name: str, keep: float | None) -> None:
         task.add_done_callback(_unloads.discard)
 
 
-async def load_timed(gen: Generator, name: str) -> int:
-    """Make ``name`` resident; the nanoseconds that took (about 0 when it already was)."""
+async def load_timed(gen: Generator, name: str, num_ctx: int | None = None) -> int:
+    """Make ``name`` resident (with a context of ``num_ctx`` per request when given: another
+    one reloads it); the nanoseconds that took (about 0 when it already was)."""
     start = time.perf_counter_ns()
-    await gen.registry.load(name)
+    await gen.registry.load(name, num_ctx)
     return time.perf_counter_ns() - start
 
 
@@ -101,11 +102,12 @@ class Run:
 
 async def start(gen: Generator, name: str, kind: Literal["chat", "complete"], prompt: Any,
                 params: dict[str, Any], keep: float | None, started: int,
-                tools: ToolRequest | None = None) -> Run:
-    """Load ``name`` and start its generation; errors before the first token raise here (a
-    proper HTTP error, not a stream that fails)."""
+                tools: ToolRequest | None = None, *, num_ctx: int | None = None) -> Run:
+    """Load ``name`` (with ``num_ctx``, Ollama's ``options.num_ctx``) and start its
+    generation; errors before the first token raise here (a proper HTTP error, not a stream
+    that fails)."""
     base = gen.adapter_in_name(name, dict(params))[0]  # "model:adapter" loads the model
-    load_ns = await load_timed(gen, base)
+    load_ns = await load_timed(gen, base, num_ctx)
     asked = time.perf_counter_ns()
     items = await gen.generate(name, kind, prompt, params, stream=True)
     assert not isinstance(items, dict)

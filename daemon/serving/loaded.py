@@ -36,6 +36,9 @@ class LoadedModel:
     # a request's keep_alive (Ollama's): idle seconds before unloading, math.inf = never;
     # None = the [[models]] entry's keep_alive_s
     keep_alive_s: float | None = None
+    # the context a GGUF was loaded with (all its sequences'; 0 for other kinds): a request
+    # asking another (Ollama's options.num_ctx) reloads it
+    n_ctx: int = 0
 
     def keep_alive(self) -> float:
         """Idle seconds after which this model is unloaded (``math.inf``: never)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,31 +25,26 @@ from typing import Any
 import psutil
 
 from edgepilot.backends.backend_set import BackendSet
-from edgepilot.backends.base import Backend, BackendUnavailable, Executable, Segment, Target
+from edgepilot.backends.base import Backend, Executable
 from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 from edgepilot.blocking import RunBlocking
 from edgepilot.config import Config
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.gguf.plans import GgufDispatch
-from edgepilot.errors import BackendError, BusyError, EdgepilotError, ModelError, UnrunnableModel
+from edgepilot.errors import BackendError, BusyError, EdgepilotError, ModelError
 from edgepilot.formats import files
 from edgepilot.formats.catalog import ModelCatalog
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
-from edgepilot.formats.io import tensor_specs
 from edgepilot.formats.memory import tensor_memory
+from edgepilot.serving import whole
 from edgepilot.serving.devices import DeviceQueues
 from edgepilot.serving.loaded import LoadedModel, ModelTooLarge, any_released
+from edgepilot.serving.num_ctx import NumCtxLimit, num_ctx_limit
 
 __all__ = ["LoadedModel", "ModelRegistry", "ModelTooLarge"]
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
-# default target per kind: first of these whose backend is installed and supports the file
-DEFAULT_TARGETS: dict[str, list[tuple[str, str]]] = {
-    "onnx": [("onnxruntime", "cpu")],
-    "tflite": [("tflite", "xnnpack"), ("tflite", "cpu")],
-    "gguf": [("llamacpp", "cpu")],
-}
 
 
 class ModelRegistry:
@@ -145,13 +139,12 @@ class ModelRegistry:
         return (sum(m.memory_bytes for n, m in self.loaded.items() if n != but)
                 + sum(b for _, b in self._plans()))
 
-    def _estimate(self, model: files.ResolvedModel) -> tuple[int, str]:
+    def _estimate(self, model: files.ResolvedModel, n_ctx: int) -> tuple[int, str]:
         """Blocking: the memory a whole-model load needs, and how that was counted."""
         files.verify(model)
         if model.kind == "gguf":
             info = read_gguf_info(model.path)
             llama = self._llama()
-            n_ctx = model.entry.n_ctx or llama.settings.n_ctx
             kv = llama.settings.kv_cache_type
             return info.estimate_bytes(n_ctx, kv), (
                 f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
@@ -236,19 +229,18 @@ class ModelRegistry:
         assert isinstance(llama, LlamaCppBackend)
         return llama
 
-    def _compile(self, model: files.ResolvedModel) -> Executable:
+    def _compile(self, model: files.ResolvedModel, n_ctx: int) -> Executable:
         """Blocking: compile whole on the default target (GGUF: with its plan's settings)."""
         if model.kind == "gguf":
-            return self._open_gguf(model)
+            return self._open_gguf(model, n_ctx)
         return self.compile_whole(model)
 
-    def _open_gguf(self, model: files.ResolvedModel) -> Executable:
+    def _open_gguf(self, model: files.ResolvedModel, n_ctx: int) -> Executable:
         """Load with the GGUF plan's offload and threads when one is planned or cached, the plan
         governing the loaded model: it sets its thread count per request and watches its
         decode speed."""
         info: GgufInfo = read_gguf_info(model.path)
         llama = self._llama()
-        n_ctx = model.entry.n_ctx or llama.settings.n_ctx
         gd = self._gguf_plan(model.name)
         plan = None
         if gd is not None:
@@ -280,57 +272,41 @@ class ModelRegistry:
             return None
         return md if isinstance(md, GgufDispatch) else None
 
-    def default_target(self, model: files.ResolvedModel) -> tuple[Backend, Target, Segment]:
-        """First installed target that runs the whole model (see DEFAULT_TARGETS)."""
-        ins, outs = tensor_specs(model.path, model.kind)
-        segment = Segment(model.path, model.kind,  # type: ignore[arg-type]
-                          tuple(s.name for s in ins), tuple(s.name for s in outs), None,
-                          model.name)
-        reasons = []
-        for backend_name, device in DEFAULT_TARGETS[model.kind]:
-            try:
-                backend = self.backend(backend_name)
-                targets = [t for t in backend.probe() if t.device == device]
-            except BackendUnavailable as exc:
-                reasons.append(exc.message)
-                continue
-            for target in targets:
-                support = backend.supports(segment, target)
-                if support:
-                    return backend, target, segment
-                reasons.append(f"{target}: {support.reason}")
-        raise BackendError(f"no installed backend can run {model.name!r}: " + "; ".join(reasons),
-                           field="model")
-
     def compile_whole(self, model: files.ResolvedModel) -> Executable:
-        """The whole model on its default target; a file that target cannot build (an op no
-        runtime resolves) is an UnrunnableModel (HTTP 422) naming the file and the reason."""
-        try:
-            backend, target, segment = self.default_target(model)
-            return backend.compile(segment, target)
-        except BackendError as exc:
-            reason = re.sub(rf"^.*?{re.escape(model.path.name)} on \S+: ", "",
-                            " ".join(exc.message.split()))
-            raise UnrunnableModel(f"{model.path.name}: no runtime here runs this model: "
-                                  f"{reason}", field="model") from None
+        """The whole model on its default target (:func:`.whole.compile_whole`)."""
+        return whole.compile_whole(self.backends, model)
 
-    async def load(self, name: str) -> LoadedModel:
-        """Make ``name`` resident (no-op when it is); emits ``model.loaded``."""
+    async def load(self, name: str, num_ctx: int | None = None) -> LoadedModel:
+        """Make ``name`` resident (no-op when it is); emits ``model.loaded``. ``num_ctx``
+        (a GGUF's context per request, Ollama's ``options.num_ctx``): a copy loaded with
+        another context is reloaded with this one once its requests are done (400 naming
+        ``options.num_ctx`` past what the model and the budget allow, see :mod:`.num_ctx`)."""
         lm = self.loaded.get(name)
-        if lm is not None:
+        if lm is not None and (num_ctx is None or lm.n_ctx == self._total_ctx(lm, num_ctx)):
             return lm
         model = self.catalog.resolve(name)  # unknown names are a 404 before anything is kept
         lock = self._load_locks.setdefault(name, asyncio.Lock())
         async with lock:
-            if name in self.loaded:
-                return self.loaded[name]
+            n_ctx = 0 if model.kind != "gguf" else \
+                model.entry.n_ctx or self._llama().settings.n_ctx
+            if num_ctx is not None and model.kind == "gguf":
+                limit = await self.num_ctx_limit(model)
+                limit.check(name, num_ctx)
+                n_ctx = num_ctx * self._llama().settings.parallel
+            lm = self.loaded.get(name)
+            if lm is not None and (num_ctx is None or lm.n_ctx == n_ctx):
+                return lm
+            if lm is not None:  # another context asked: as an unload, after its requests
+                log.info("%s: reloading with n_ctx %d (was %d) for a request's "
+                         "options.num_ctx", name, n_ctx, lm.n_ctx)
+                await self.unload(name, reason="num_ctx")
             started = time.monotonic()
             try:
-                need, detail = await self.run_blocking(self._estimate, model)
+                need, detail = await self.run_blocking(self._estimate, model, n_ctx)
                 await self._make_slot(name)
                 self._loading.add(name)
                 await self._make_room(name, need, detail)
-                exe = await self.run_blocking(self._compile, model)
+                exe = await self.run_blocking(self._compile, model, n_ctx)
             except (ModelError, BackendError) as exc:
                 self.errors[name] = exc.message
                 raise
@@ -338,12 +314,24 @@ class ModelRegistry:
                 self._loading.discard(name)
             self.errors.pop(name, None)
             need = need if model.kind == "gguf" else max(need, exe.memory_bytes)
-            lm = LoadedModel(model, exe, need)
-            self.loaded[name] = lm
+            lm = self.loaded[name] = LoadedModel(model, exe, need, n_ctx=n_ctx)
             self.emit("model.loaded", model=name, format=model.kind, target=str(exe.target),
                       memory_bytes=need, load_ms=round((time.monotonic() - started) * 1000, 1),
                       **(exe.load_split or {}))
             return lm
+
+    def _total_ctx(self, lm: LoadedModel, num_ctx: int) -> int:
+        return num_ctx * self._llama().settings.parallel if lm.model.kind == "gguf" \
+            else lm.n_ctx
+
+    async def num_ctx_limit(self, model: files.ResolvedModel) -> NumCtxLimit:
+        """The largest ``options.num_ctx`` GGUF ``model`` may be loaded with now."""
+        info = await self.run_blocking(read_gguf_info, model.path)
+        settings = self._llama().settings
+        busy = sum(lm.memory_bytes for n, lm in self.loaded.items()
+                   if n != model.name and lm.in_use > 0)
+        return num_ctx_limit(info, budget=self.budget_bytes(), busy=busy,
+                             parallel=settings.parallel, kv_type=settings.kv_cache_type)
 
     async def unload(self, name: str, reason: str = "request") -> bool:
         """Release ``name``; False when it was not loaded.

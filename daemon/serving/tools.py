@@ -171,5 +171,5 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         listing = json.dumps([{"name": n, "description": about.get(n) or "", "parameters": s}
                               for n, s in declared])
         out, params = _generic_messages(messages, listing, auto), {}
-    params["grammar"] = grammar_of(gbnf)
+    params["grammar"] = grammar_of(gbnf, "tools")
     return ToolRequest([n for n, _ in declared], out, params)
