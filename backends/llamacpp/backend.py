@@ -172,6 +172,8 @@ class LlamaCppBackend(Backend):
         split = {"model_ms": round(model_ms, 1), "context_ms": round(llama_ms - model_ms, 1)}
         # one sequence: the batch engine of a parallel model keeps no prefixes across requests
         llm.prefix_cache = self.prefix_cache_for(path) if n_seq == 1 else None
+        # the batch engine of a parallel model samples in its own loop: no drafting there
+        llm.speculative = s.speculative if n_seq == 1 else "off"
         device = "gpu" if n_gpu and self.gpu_offload() else "cpu"
         log.info("llama.cpp loaded %s (ctx %d, n_gpu_layers %d, parallel %d)", path.name, ctx,
                  n_gpu, n_seq)

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from edgepilot.backends.options import BackendOptions, Isolation
-
-# why [backends.llamacpp] speculative = "prompt_lookup" is refused (figures: bench/README.md,
-# "Speculative decoding")
-NO_PROMPT_LOOKUP = (
-    "'prompt_lookup' is not built yet: llama-cpp-python's own prompt lookup ran 2.59x on a copy "
-    "task but 0.69x with other tokens on free-form chat here, and edgepilot has no per-request "
-    "switch-off by acceptance that would keep chat unharmed; allowed: 'off'")
 
 
 class LlamacppSection(BackendOptions):
@@ -69,16 +62,14 @@ class LlamacppSection(BackendOptions):
                     "it), so a GGUF load or a worker restart skips starting the interpreter "
                     "and importing llama-cpp-python. ps shows it as "
                     "`edgepilot worker llamacpp (spare)`.")
-    speculative: Literal["off"] = Field(
-        "off", description="Speculative decoding: 'off' only (prompt lookup was measured and "
-                           "is refused with the reason; see bench/README.md).")
-
-    @field_validator("speculative", mode="before")
-    @classmethod
-    def _speculative(cls, value: object) -> object:
-        if value == "prompt_lookup":
-            raise ValueError(NO_PROMPT_LOOKUP)
-        return value
+    speculative: Literal["off", "prompt_lookup"] = Field(
+        "off",
+        description="Speculative decoding, 'off' or 'prompt_lookup' (experimental, parallel = "
+                    "1 only): greedy requests (temperature 0) draft tokens copied from their "
+                    "own prompt and output and verify them in one batch; a request whose "
+                    "drafts are mostly rejected stops drafting. usage."
+                    "completion_tokens_details counts the drafted tokens taken and rejected. "
+                    "Figures: bench/README.md.")
 
     isolation: Isolation = Field(
         "process",

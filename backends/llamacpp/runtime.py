@@ -16,6 +16,12 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from edgepilot.backends.base import BackendUnavailable
+from edgepilot.backends.llamacpp.lookup import (
+    PromptLookup,
+    eval_step,
+    lookup_usage,
+    may_draft,
+)
 from edgepilot.backends.llamacpp.prefix_cache import PrefixCache, common_prefix
 from edgepilot.backends.native_log import route_llama_logs
 from edgepilot.errors import ContextOverflow
@@ -137,6 +143,11 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # the slowest time per token of a step, measured here (the daemon's estimate
                 # from heartbeats misses requests that end between two beats)
                 self.slowest_token_s = 0.0
+                # [backends.llamacpp] speculative; the last generation's drafter (None: it
+                # did not draft)
+                self.speculative = "off"
+                self.lookup: PromptLookup | None = None
+                self.single_decode_s: float | None = None  # running, for the drafter
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
                 tokens = list(tokens)
@@ -144,9 +155,16 @@ def counting_llama(llama_cpp: Any) -> Any:
                 if cache is not None:
                     cache.before(self, tokens)
                 self.prompt_cached = reused_prefix(self, tokens)
+                lookup = self.lookup = PromptLookup(self.single_decode_s) if (
+                    self.speculative == "prompt_lookup" and not args and may_draft(kwargs)
+                ) else None
+                # llama-cpp-python's draft-model hook: drafts after each sampled token, the
+                # batch verified position by position, the rejected part removed from the KV
+                self.draft_model = lookup
                 try:
                     return (yield from super().generate(tokens, *args, **kwargs))
                 finally:
+                    self.draft_model = None
                     if cache is not None:
                         cache.dirty = True
 
@@ -154,18 +172,36 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # chunk by chunk, each counted: the watchdog's sign of progress (a long
                 # prompt is many steps, not one silent one)
                 tokens = list(tokens)
+                self.step_tokens = len(tokens)
+                start = time.perf_counter()
+                if len(tokens) <= self.n_batch and eval_step(self, tokens):
+                    # a draft batch or a single token of a prompt-lookup generation
+                    self.slowest_token_s = max(self.slowest_token_s,
+                                               (time.perf_counter() - start) / len(tokens))
+                    self.steps += 1
+                    self.tokens_done += len(tokens)
+                    return
                 for i in range(0, len(tokens), self.n_batch):
                     chunk = tokens[i:i + self.n_batch]
                     self.step_tokens = len(chunk)
                     start = time.perf_counter()
-                    super().eval(chunk)
+                    self.eval_plain(chunk)
                     self.slowest_token_s = max(self.slowest_token_s,
                                                (time.perf_counter() - start) / len(chunk))
                     self.steps += 1
                     self.tokens_done += len(chunk)
 
+            def eval_plain(self, tokens: list[int]) -> None:
+                super().eval(tokens)
+
             def sample(self, *args: Any, **kwargs: Any) -> Any:
                 token = super().sample(*args, **kwargs)
+                idx = kwargs.get("idx")
+                lookup = self.draft_model
+                if isinstance(lookup, PromptLookup) and idx is not None and \
+                        idx + 1 < self.n_tokens:
+                    # a drafted position follows: taken when the sampler chose the draft
+                    lookup.checked(int(token) == int(self.input_ids[idx + 1]))
                 if not self.sampled:
                     # generate() evaluates the whole prompt before its first sample
                     self.prompt_len = int(self.n_tokens)
@@ -209,8 +245,13 @@ def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, Any]:
 
 def with_cached(usage: dict[str, Any], llm: Any) -> dict[str, Any]:
     """``usage`` with OpenAI's ``prompt_tokens_details.cached_tokens``: the prompt tokens the
-    last generation of ``llm`` reused from the KV cache instead of evaluating them."""
+    last generation of ``llm`` reused from the KV cache instead of evaluating them, and (a
+    generation that drafted by prompt lookup) ``completion_tokens_details``: its drafted tokens
+    taken and rejected."""
     usage["prompt_tokens_details"] = {"cached_tokens": int(getattr(llm, "prompt_cached", 0))}
+    drafts = lookup_usage(getattr(llm, "lookup", None))
+    if drafts is not None:
+        usage["completion_tokens_details"] = drafts
     return usage
 
 
@@ -248,6 +289,8 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None,
             scores[:] = -np.inf
             scores[eos] = 0.0
         return scores
+
+    check.draft_safe = True  # type: ignore[attr-defined]  # reads no tokens: lookup may draft
 
     llama_cpp = import_llama_cpp()
     processors = llama_cpp.LogitsProcessorList([*(params.get("logits_processor") or []), check])
