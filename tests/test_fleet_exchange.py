@@ -4,6 +4,7 @@ whose figures do not hold here is refused, malformed messages are one event each
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from board_fixtures import build_tree
 from edgepilot.board.board import Board
 from edgepilot.config import parse_config
 from edgepilot.dispatch.dispatcher import Dispatcher
+from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.dispatch.planning.cache import PlanCache
 from edgepilot.dispatch.planning.shared import PlanExchange, fingerprint, signature_segment
 from edgepilot.formats.onnx_gen import mlp_stack
@@ -148,19 +150,65 @@ def test_not_json_and_wrong_sha_and_missing_target(doc: dict[str, Any]) -> None:
     assert emit.events[0]["reason"].startswith("layer boundaries differ")
 
 
+def second_board(tmp_path: Path, first: Dispatcher, ex: PlanExchange, state: str) -> Dispatcher:
+    """Another board of the kind: the same config, its own state dir, ``ex`` its exchange."""
+    ex.tolerance = 50.0  # timing noise of a shared CI machine is not what this checks
+    cfg = first.config.model_copy(update={"daemon": first.config.daemon.model_copy(
+        update={"state_dir": tmp_path / state})})
+    return Dispatcher(cfg, plan_cache=PlanCache(tmp_path / state / "plans", shared=ex))
+
+
 def test_a_second_dispatcher_adopts_instead_of_measuring(tmp_path: Path) -> None:
     doc, first = published_plan(tmp_path)
     ex, emit = offer(doc)
-    ex.tolerance = 50.0  # timing noise of a shared CI machine is not what this checks
     published: list[bytes] = []
     ex.connect(lambda suffix, payload: published.append(payload))
-    cfg = first.config.model_copy(update={"daemon": first.config.daemon.model_copy(
-        update={"state_dir": tmp_path / "s2"})})
-    second = Dispatcher(cfg, plan_cache=PlanCache(tmp_path / "s2" / "plans", shared=ex))
+    second = second_board(tmp_path, first, ex, "s2")
     body = second.plan_for("mlp")
     assert body["reason"] == "fleet" and body["from_cache"]
     assert body["segments"] == doc["plan"]["segments"]
     assert [e["type"] for e in emit.events] == ["plan.adopted"] and not published
+    # a whole-file plan is adopted on the published layer names, the model not cut; a replan
+    # cuts it, and this board's layers are the published ones
+    md = second.latest("mlp")
+    assert isinstance(md, ModelDispatch) and md.part is not None
+    assert md.part.make_real is not None and not md.part.nodes
+    md.replan("command", force=True)
+    assert md.part.make_real is None and md.part.nodes
+    assert [lay.name for lay in md.part.layers] == doc["layers"]
+    assert [e["type"] for e in emit.events] == ["plan.adopted"]
+
+
+def test_published_layer_names_this_file_does_not_cut_are_refused(tmp_path: Path) -> None:
+    doc, first = published_plan(tmp_path)
+    assert len(doc["plan"]["segments"]) == 1  # the whole file, adopted without cutting it
+    # names that are not this file's operators: refused before use (one event), measured here
+    alien = copy.deepcopy(doc)
+    alien["layers"][1] = "L1:Add:no_such_node"
+    ex, emit = offer(alien)
+    body = second_board(tmp_path, first, ex, "s2").plan_for("mlp")
+    assert body["reason"] == "initial" and not body["from_cache"]
+    assert [e["type"] for e in emit.events] == ["plan.rejected"]
+    assert emit.events[0]["reason"].startswith("layer boundaries differ")
+    # this file's operators, in order, but cut finer than this board cuts it: served whole as
+    # published, refused (one event) when a replan needs the layers, then measured here
+    finer = copy.deepcopy(doc)
+    finer["layers"][2:2] = ["L2:Relu:relu0_5_node"]
+    finer["layers"][3] = "L3" + finer["layers"][3][2:]
+    finer["profile"]["cells"][2:2] = [finer["profile"]["cells"][1]]
+    finer["plan"]["layers"][2:2] = [finer["plan"]["layers"][1]]
+    finer["plan"]["segments"][0]["layers"] = [0, 4]
+    ex, emit = offer(finer)
+    second = second_board(tmp_path, first, ex, "s3")
+    assert second.plan_for("mlp")["reason"] == "fleet"
+    md = second.latest("mlp")
+    assert isinstance(md, ModelDispatch)
+    changed, plan = md.replan("command", force=True)
+    assert changed and plan.reason == "initial" and len(plan.layers) == len(doc["layers"])
+    assert [e["type"] for e in emit.events] == ["plan.adopted", "plan.rejected"]
+    assert emit.events[1]["reason"].startswith("layer boundaries differ")
+    # what is published now for the file is this board's own plan, measured on its own cut
+    assert ex.peek(PARTS, doc["model_sha256"], doc["signature"])["layers"] == doc["layers"]
 
 
 def test_the_mqtt_side_reads_only_plan_topics_and_refuses_oversize_ones() -> None:

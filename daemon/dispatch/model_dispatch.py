@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from edgepilot.backends.base import Backend, ModelKind, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment, SegmentFault
 from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.execution.recovery import Recovery
-from edgepilot.dispatch.graph.partition import Partition, covers_any, partition
+from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
 from edgepilot.dispatch.measuring.calibration import time_plan
@@ -35,35 +34,22 @@ from edgepilot.dispatch.measuring.measure import (
     Measurer,
     Progress,
 )
-from edgepilot.dispatch.measuring.runnable import reference_for
 from edgepilot.dispatch.measuring.tolerance import output_error
+from edgepilot.dispatch.options import DispatchOptions
+from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
+from edgepilot.dispatch.planning.choice import choose, given
 from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
-from edgepilot.dispatch.planning.plan import CostBuilder, Plan, choose, given
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
-from edgepilot.dispatch.planning.shared import adoptable, published_segments
+from edgepilot.dispatch.planning.shared import published_segments
 from edgepilot.dispatch.planning.versus import single_instead
 from edgepilot.errors import EdgepilotError, PlanError
 from edgepilot.formats.io import tensor_specs
 
 log = logging.getLogger(__name__)
 Emit = Callable[..., Any]
-
-
-@dataclass
-class DispatchOptions:
-    tolerance: float = 0.05
-    metric: str = "rel_l2"
-    runs: int = 7
-    warmup: int = 2
-    drift_threshold: float = 0.5
-    hysteresis: float = 0.05
-    calibration_inputs: int = 2
-    max_layers: int = 48
-    passes: int = 2
-    calibration_dir: Path | None = None
-    reprobe_s: float = 5.0  # first retry of a target excluded after a fault
 
 
 class ModelDispatch:
@@ -99,84 +85,87 @@ class ModelDispatch:
         self.ref_outputs: list[dict[str, np.ndarray]] = []
         self.segment_ms: list[float] = []  # each segment of the last plan made, timed
         self.fastest: list[float] = []  # its fastest run, end to end then per segment
+        self.published: dict[str, Any] | None = None  # a plan adopted on a shell partition
         self.recovery = Recovery(self._readmit, opts.reprobe_s)
 
     def prepare(self, reprofile: bool = False) -> Plan:
         """Partition, profile (or load the cached profile), plan, check and time.
         ``reprofile`` measures again even when the cache holds a profile (and replaces it)."""
         with self._lock:
-            started = time.monotonic()
-            kind: ModelKind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
-            specs = tensor_specs(self.path, kind)[0]
-            if self.shapes is None:
-                self.shapes = file_shapes(self.name, self.path, specs)
-            self.samples = samples = pick(
-                specs, self.shapes, rules_for(self.path, kind, specs), self.opts.calibration_inputs,
-                self.name, self.opts.calibration_dir, list(self.recent()))
-            self.part = part = partition(self.path, kind, shapes=self.shapes,
-                                         cache_dir=self.graph_dir, feed=samples.feeds[0],
-                                         max_layers=self.opts.max_layers, lazy=True)
-            # keep every target of a backend that takes this kind of model: one that covers
-            # only some layers (a delegate) is a planning fact, used for the layers it covers
-            self.targets = [t for t in self.targets if t.backend in self.backends
-                            and covers_any(self.backends[t.backend], part, t)]
-            self.calibration = samples.feeds
-            shared = self.cache.shared if self.cache is not None else None
-            # a plan an identical board published (dispatch/planning/shared.py)
-            found = (adoptable(shared, self.key_parts, part, self.signature, self.backends,
-                               self.targets, self.calibration) if shared and not reprofile
-                     else None)
-            adopted, ref, self.ref_outputs, merges = (*found, []) if found else (
-                None, *reference_for(part, self.backends, self.targets, self.calibration))
-            layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
-            self.reference = ref
-            key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
-                             "signature": signature_of(self.shapes),
-                             "inputs": samples.describe(), "targets": targets,
-                             "tolerance": self.opts.tolerance, "metric": self.opts.metric,
-                             "runs": self.opts.runs, "passes": self.opts.passes,
-                             "layers": layers})
-            cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
-            adopted, cached = (None, cached) if cached else (adopted, adopted)  # own cache first
-            self.from_cache = cached is not None
-            forced: dict[int, str] = {}
-            if cached is not None:
-                profile = LatencyTable.from_dict(cached["profile"])
-                forced = {int(k): v for k, v in cached.get("forced", {}).items()}
-            else:
-                measurer = Measurer(part, self.backends, self.targets, ref, self.calibration,
-                                    runs=self.opts.runs, warmup=self.opts.warmup,
-                                    metric=self.opts.metric, progress=self.progress,
-                                    passes=self.opts.passes)
-                profile = measurer.table()
-                profile.freqs = dict(self.freqs)
-                profile.extra["merged"] = merges
-            self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
-                                       freqs=dict(self.freqs), budgets=dict(self.budgets),
-                                       split_margin=self.opts.hysteresis,
-                                       kernels=corpus_fits(self.corpus, self.targets,
-                                                           self.progress))
-            plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
-                                         else "reprofile" if reprofile else "initial",
-                                         published_segments(adopted) if adopted else None)
-            spent = plan.planning_s = round(time.monotonic() - started, 3)
-            if adopted and shared and not shared.adopt(
-                    adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
-                    spent, lambda: self._time(compiled), self.fastest):
-                return self.prepare(reprofile=True)  # it does not hold here: measure
-            doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
-                   "forced": {str(k): v for k, v in self.builder.forced.items()},
-                   "plan": plan.as_dict(), "model_sha256": part.model_hash,
-                   "signature": self.signature, "layers": layers, "targets": targets,
-                   "segment_ms": self.segment_ms, "planning_s": round(spent, 3),
-                   "fastest_ms": self.fastest or None}
-            if self.cache is not None:
-                self.cache.store(self.name, key, doc)
-                if shared is not None and not self.from_cache:
-                    shared.publish(self.key_parts, doc)
-            self._install(plan, compiled)
-            part.release_graph()
-            return plan
+            try:
+                return self._prepare(reprofile)
+            except LayerMismatch as exc:  # a published plan's layers, once cut: refused
+                self._refuse(exc)
+                return self._prepare(reprofile)
+
+    def _prepare(self, reprofile: bool) -> Plan:
+        started = time.monotonic()
+        kind: ModelKind = "tflite" if self.path.suffix.lower() == ".tflite" else "onnx"
+        specs = tensor_specs(self.path, kind)[0]
+        if self.shapes is None:
+            self.shapes = file_shapes(self.name, self.path, specs)
+        self.samples = samples = pick(
+            specs, self.shapes, rules_for(self.path, kind, specs), self.opts.calibration_inputs,
+            self.name, self.opts.calibration_dir, list(self.recent()))
+        self.calibration = samples.feeds
+        shared = self.cache.shared if self.cache is not None else None
+        # a plan an identical board published (dispatch/planning/adoption.py), else the
+        # reference found here
+        got = begin(shared if not reprofile else None, self.key_parts, self.path, kind,
+                    self.shapes, self.backends, self.targets, self.calibration,
+                    cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
+        part, ref, adopted = got.part, got.ref, got.adopted
+        self.part, self.targets, self.reference, self.ref_outputs, self.published = \
+            part, got.targets, ref, got.ref_outputs, got.shell_of
+        layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
+        key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
+                         "signature": signature_of(self.shapes),
+                         "inputs": samples.describe(), "targets": targets,
+                         "tolerance": self.opts.tolerance, "metric": self.opts.metric,
+                         "runs": self.opts.runs, "passes": self.opts.passes,
+                         "layers": layers})
+        cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
+        adopted, cached = (None, cached) if cached else (adopted, adopted)  # own cache first
+        self.from_cache = cached is not None
+        forced: dict[int, str] = {}
+        if cached is not None:
+            profile = LatencyTable.from_dict(cached["profile"])
+            forced = {int(k): v for k, v in cached.get("forced", {}).items()}
+        else:
+            measurer = Measurer(part, self.backends, self.targets, ref, self.calibration,
+                                runs=self.opts.runs, warmup=self.opts.warmup,
+                                metric=self.opts.metric, progress=self.progress,
+                                passes=self.opts.passes)
+            profile = measurer.table()
+            profile.freqs = dict(self.freqs)
+            profile.extra["merged"] = got.merges
+        self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
+                                   freqs=dict(self.freqs), budgets=dict(self.budgets),
+                                   split_margin=self.opts.hysteresis,
+                                   kernels=corpus_fits(self.corpus, self.targets,
+                                                       self.progress))
+        plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
+                                     else "reprofile" if reprofile else "initial",
+                                     published_segments(adopted) if adopted else None,
+                                     adopted["plan"]["layers"] if adopted else None)
+        spent = plan.planning_s = round(time.monotonic() - started, 3)
+        if adopted and shared and not shared.adopt(
+                adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
+                spent, lambda: self._time(compiled), self.fastest):
+            return self.prepare(reprofile=True)  # it does not hold here: measure
+        doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
+               "forced": {str(k): v for k, v in self.builder.forced.items()},
+               "plan": plan.as_dict(), "model_sha256": part.model_hash,
+               "signature": self.signature, "layers": layers, "targets": targets,
+               "segment_ms": self.segment_ms, "planning_s": round(spent, 3),
+               "fastest_ms": self.fastest or None}
+        if self.cache is not None:
+            self.cache.store(self.name, key, doc)
+            if shared is not None and not self.from_cache:
+                shared.publish(self.key_parts, doc)
+        self._install(plan, compiled)
+        part.release_graph()
+        return plan
 
     @property
     def signature(self) -> str:
@@ -206,14 +195,14 @@ class ModelDispatch:
         return max(output_error(compiled.run(feed)[0], ref, self.opts.metric)
                    for feed, ref in zip(self.calibration, self.ref_outputs, strict=True))
 
-    def _build(self, reason: str, keep: list[tuple[str, int, int]] | None = None
-               ) -> tuple[Plan, CompiledPlan]:
-        """Plan (``keep``: these segments, a published plan's), compile, check; repair (worst
-        layer back to fp32) until within tolerance."""
+    def _build(self, reason: str, keep: list[tuple[str, int, int]] | None = None,
+               figures: Sequence[Any] | None = None) -> tuple[Plan, CompiledPlan]:
+        """Plan (``keep``: these segments, a published plan's, ``figures`` its layers'),
+        compile, check; repair (worst layer back to fp32) until within tolerance."""
         assert self.builder is not None and self.reference is not None
         ref = str(self.reference)
         while True:
-            plan = (given(self.name, self.builder, keep, reason) if keep else None) \
+            plan = (given(self.name, self.builder, keep, reason, figures) if keep else None) \
                 or choose(self.name, self.builder, reason)
             compiled = self._compile(plan, self.builder.table())
             err = self.check_error(compiled)
@@ -243,6 +232,12 @@ class ModelDispatch:
             self.segment_ms, self.fastest = [single[0].measured_ms or 0.0], self._time(single[1])[2]
         return single or (plan, compiled)
 
+    def _refuse(self, exc: LayerMismatch) -> None:
+        """A plan adopted on a shell partition this board cuts otherwise: one event, dropped."""
+        if self.cache is not None and self.cache.shared is not None and self.published:
+            self.cache.shared.drop(self.published, exc.message, model=self.name)
+        self.published = None
+
     def _time(self, compiled: CompiledPlan) -> tuple[float, list[float], list[float]]:
         """The plan's median end to end and per segment, and its fastest run (both)."""
         fastest: list[float] = []
@@ -263,6 +258,11 @@ class ModelDispatch:
         """Replan on the current costs; apply when forced or predicted to gain > hysteresis."""
         with self._lock:
             if self.builder is None or self.plan is None or self.compiled is None:
+                return True, self.prepare()
+            try:
+                self.builder.part.real()  # a shell adopted as published: cut the model now
+            except LayerMismatch as exc:
+                self._refuse(exc)
                 return True, self.prepare()
             # decide on layer costs (like the DP); calibration only sharpens the predictions
             assign, _, table = self.builder.best()

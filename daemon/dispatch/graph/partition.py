@@ -18,7 +18,7 @@ import functools
 import itertools
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +80,26 @@ class Partition:
     # a TFLite file of several signatures: the one planned and served (subgraph 0, what the
     # interpreter runs by default) and the others, which are not
     signatures: dict[str, Any] | None = None
+    # a shell: layers named by a plan a board of the same kind published, cut from nothing
+    # yet (graph/shell.py); this makes the real partition, on the first need of the layers'
+    # contents (``real``)
+    make_real: Callable[[], Partition] | None = field(default=None, repr=False, compare=False)
+
+    def real(self) -> None:
+        """Make a shell the real partition (in place; nothing for a real one): the model's own
+        cut, merged into the shell's layer names. Raises :class:`LayerMismatch` when the names
+        are no coarsening of this board's layers (the shell stays a shell)."""
+        make = self.make_real
+        if make is None:
+            return
+        got = make()
+        names = [lay.name for lay in self.layers]
+        if not merge_to(got, names):
+            raise LayerMismatch(
+                f"layer boundaries differ: {len(names)} layers published, the model file cuts "
+                f"into {len(got.layers)} here ({got.layers[0].name} ...)", field="layers")
+        self.layers, self.nodes, self.tensor_bytes = got.layers, got.nodes, got.tensor_bytes
+        self.graph_path, self.pending, self.make_real = got.graph_path, got.pending, None
 
     def write_graph(self) -> None:
         """Write the annotated graph copy if it is not written yet (idempotent)."""
@@ -103,6 +123,7 @@ class Partition:
         name = f"{self.model_path.stem}[{start}:{end}]"
         if start == 0 and end == len(self.layers):
             return Segment(self.model_path, self.kind, self.inputs, self.outputs, None, name)
+        self.real()
         self.write_graph()
         ins, outs = range_io(self.nodes, self.layers[start].start, self.layers[end - 1].end,
                              self.outputs)
@@ -112,6 +133,10 @@ class Partition:
     def boundary_bytes(self, i: int) -> int:
         """Bytes crossing the cut before layer ``i`` (0 < i < len(layers))."""
         return self.layers[i].in_bytes
+
+
+class LayerMismatch(PlanError):
+    """A shell's published layer names are not how this board cuts the model file."""
 
 
 def range_io(nodes: Sequence[Node], s: int, e: int,

@@ -5,7 +5,8 @@ measured layer times net of the per-call overhead (which the planner charges onc
 hops as ``overhead(dst) + boundary bytes / bandwidth``, targets over the error budget or
 excluded after a fault marked ineligible, per-target factors (drift), frequency scaling from the
 fitted roofline models, and the per-target segment calibration (``calibration.py``).
-:class:`Plan` is the result and its JSON shape (what `edgepilot plan --json` prints).
+:class:`Plan` is the result and its JSON shape (what `edgepilot plan --json` prints); the
+choice itself is made in ``choice.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 from edgepilot.backends.base import Target
 from edgepilot.dispatch.graph.partition import Layer, Partition
-from edgepilot.dispatch.graph.signature import signature_of
 from edgepilot.dispatch.measuring.calibration import Calibration, Observation
 from edgepilot.dispatch.measuring.measure import LatencyTable
 from edgepilot.dispatch.planning import costmodel
@@ -27,9 +27,7 @@ from edgepilot.dispatch.planning.kernels import KernelModel, correction
 from edgepilot.dispatch.planning.planner import (
     CostTable,
     merge,
-    plan_cost,
     prefer_single,
-    runner_up,
     solve,
 )
 from edgepilot.errors import PlanError
@@ -66,9 +64,10 @@ class CostBuilder:
     calibration: Calibration = field(default_factory=lambda: Calibration([]))
     split_margin: float = 0.05  # a split must beat the best single target by this fraction
     kernels: dict[str, KernelModel] = field(default_factory=dict)  # target -> corpus fit
+    # the cost models are fitted on first use: a plan adopted as published never needs them
+    fitted: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.fit()
         self._seed_calibration()
 
     def _seed_calibration(self) -> None:
@@ -131,6 +130,9 @@ class CostBuilder:
         return out
 
     def fit(self) -> None:
+        """Fit the per-target cost models on the profile (a shell partition is cut first)."""
+        self.part.real()
+        self.fitted = True
         for target in self.profile.targets:
             freq = self.profile.freqs.get(device_of(target), 0.0)
             samples = self.samples(target)
@@ -160,6 +162,8 @@ class CostBuilder:
         """Model prediction for layer ``i`` on ``target`` at the current frequency: the kernel
         corpus when the target has one, else the (target, op class) additive fit when there is
         one, else the target's roofline."""
+        if not self.fitted:
+            self.fit()
         layer = self.part.layers[i]
         prec = Target.parse(target).precision
         now = self.freqs.get(device_of(target), 0.0)
@@ -177,9 +181,13 @@ class CostBuilder:
 
     def freq_scale(self, target: str, i: int) -> float:
         """How much slower layer ``i`` is predicted to be now than when it was measured."""
-        model = self.rooflines.get(target)
         freq = self.freqs.get(device_of(target), 0.0)
-        if model is None or freq <= 0 or model.fit_freq_khz <= 0:
+        if freq <= 0 or freq == self.profile.freqs.get(device_of(target), 0.0):
+            return 1.0  # the clock it was measured at (no model needed to say so)
+        if not self.fitted:
+            self.fit()
+        model = self.rooflines.get(target)
+        if model is None or model.fit_freq_khz <= 0:
             return 1.0
         layer = self.part.layers[i]
         nbytes = costmodel.layer_bytes(layer.weight_bytes, layer.in_bytes, layer.out_bytes,
@@ -207,6 +215,7 @@ class CostBuilder:
         or a few end-to-end timings, and letting one noisy timing of a whole model decide the
         plan once put transformer on fp32 (3.4x slower than int8) on this shared board.
         """
+        self.part.real()  # a shell's layers have no boundary sizes to choose cuts by
         table = self.table()
         try:
             assign, _ = solve(table)
@@ -335,63 +344,3 @@ def segments_of(targets: list[str]) -> list[dict[str, Any]]:
         else:
             out.append({"target": target, "layers": [i, i + 1]})
     return out
-
-
-def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
-    """Run the planner on the builder's current costs and describe the result."""
-    assign, cost, table = builder.best()
-    return describe(name, builder, assign, cost, table, reason)
-
-
-def given(name: str, builder: CostBuilder, segments: list[tuple[str, int, int]],
-          reason: str) -> Plan | None:
-    """The plan of ``segments`` as they are (a plan a board of the same kind published: what
-    it decided, its side-by-side check against a single target included, is not decided
-    again); None when they do not cover this builder's layers with its targets."""
-    table = builder.table()
-    assign: list[int] = []
-    for target, start, end in segments:
-        if target not in table.targets or start != len(assign):
-            return None
-        assign += [table.targets.index(target)] * (end - start)
-    if len(assign) != len(builder.part.layers):
-        return None
-    cost = builder.plan_ms(table, assign)
-    if cost == float("inf") and len(segments) == 1:  # the whole file, as best() falls back to
-        cost = float(builder.profile.extra.get("whole_ms", {}).get(segments[0][0], cost))
-    return describe(name, builder, assign, cost, table, reason)
-
-
-def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
-             table: CostTable, reason: str) -> Plan:
-    """The :class:`Plan` of one assignment (target index per layer) on ``table``."""
-    names = [table.targets[t] for t in assign]
-    layers = []
-    for i, t in enumerate(assign):
-        target = table.targets[t]
-        cell = builder.profile.cells[i][target]
-        ru = runner_up(table, i, t)
-        roof = builder.predicted_layer(i, target)
-        used = table.layer_ms[i][t]
-        layers.append({
-            "name": builder.part.layers[i].name, "target": target,
-            # what the planner charged (net of per-call overhead, clock- and drift-scaled)
-            "predicted_ms": None if used is None else round(used, 4),
-            "measured_ms": None if cell.ms is None else round(cell.ms, 4),
-            "roofline_ms": None if roof is None else round(roof, 4),
-            "error": cell.error,
-            "runner_up": None if ru is None else {"target": table.targets[ru[0]],
-                                                  "predicted_ms": round(ru[1], 4)},
-        })
-    segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
-    raw = plan_cost(table, assign)
-    extra = builder.profile.extra
-    hops = [{"layer": s, "from": segments[k - 1][0], "to": t,
-             "bytes": builder.part.boundary_bytes(s), "predicted_ms": round(table.hop_ms[s], 4)}
-            for k, (t, s, _) in enumerate(segments) if k]
-    return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
-                uncalibrated_ms=raw if raw < float("inf") else None,
-                calibration=builder.calibration.summary(segments, len(builder.part.layers)),
-                signature=signature_of(builder.part.shapes),
-                exclusions=list(extra.get("excluded", [])), merged=list(extra.get("merged", [])),
-                hops=hops)

@@ -25,11 +25,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from edgepilot.backends.base import Backend, Target
 from edgepilot.board.board import Board
-from edgepilot.dispatch.graph.partition import Partition, merge_to
 from edgepilot.dispatch.measuring.measure import LatencyTable
-from edgepilot.dispatch.measuring.runnable import Feed, published_reference
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +124,16 @@ class PlanExchange:
         self.emit("plan.rejected", topic=topic, reason=reason, **fields)
 
     # ---- using (the planning thread) ---------------------------------------------------------
+    def peek(self, parts: Mapping[str, Any], model_sha: str, signature: str
+             ) -> dict[str, Any] | None:
+        """The published plan ``find`` would look at, unchecked and without an event (what it
+        says about the model file is checked by ``find``)."""
+        if self.subscribing:
+            self.ready.wait(self.wait_s)
+        key = (self.fingerprint_of(parts), model_sha, signature_segment(signature))
+        with self._lock:
+            return self._docs.get(key, ("", None))[1]
+
     def find(self, parts: Mapping[str, Any], model_sha: str, signature: str,
              layers: Sequence[str], targets: Sequence[str],
              fits: Callable[[list[str]], bool] | None = None) -> dict[str, Any] | None:
@@ -145,8 +152,8 @@ class PlanExchange:
         why = None
         if not (fits(list(doc["layers"])) if fits is not None
                 else list(doc["layers"]) == list(layers)):
-            why = (f"layer boundaries differ: {len(doc['layers'])} layers published, "
-                   f"{len(layers)} here")
+            why = (f"layer boundaries differ: {len(doc['layers'])} layers published, " + (
+                f"{len(layers)} here" if fits is None else "not how the model file is cut here"))
         else:
             missing = sorted(set(_targets_of(doc)) - set(targets))
             if missing:
@@ -242,32 +249,6 @@ class PlanExchange:
     def _topic_of(self, doc: dict[str, Any]) -> str:
         with self._lock:
             return next((t for t, d in self._docs.values() if d is doc), "")
-
-
-def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
-              signature: str, backends: Mapping[str, Backend], targets: list[Target],
-              feeds: Sequence[Feed]) -> tuple[dict[str, Any], Target, list[Feed]] | None:
-    """A published plan for this model, its reference target and that target's outputs on
-    ``feeds`` here; None: this board plans as usual.
-
-    Adopting skips the reference search and the layer-by-layer runs that find the layers the
-    reference cannot run alone: ``part``'s layers are merged (in place) into the published
-    ones, which is accepted only when it gives the same layers, and the reference is the one
-    the publisher found, run here on the whole model (its outputs are what the plan's output
-    error is checked against)."""
-    before = part.layers
-    doc = exchange.find(parts, part.model_hash, signature, [], [str(t) for t in targets],
-                        fits=lambda names: merge_to(part, names))
-    if doc is None:
-        return None
-    name = str(doc["profile"]["reference"])
-    got = published_reference(part, backends, targets, feeds, name)
-    if got is None:
-        part.layers = before
-        exchange.drop(doc, f"its reference {name} is not one here or does not run the "
-                      "whole model here", model_sha256=part.model_hash)
-        return None
-    return doc, got[0], got[1]
 
 
 def _close(mine: float, theirs: float, tolerance: float) -> bool:

@@ -23,7 +23,8 @@ from edgepilot.backends.base import Backend, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.measure import Progress
-from edgepilot.dispatch.planning.plan import CostBuilder, Plan, describe
+from edgepilot.dispatch.planning.choice import describe
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.errors import EdgepilotError
 
 Runner = Callable[[dict[str, np.ndarray]], object]
@@ -119,9 +120,11 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         exe.close()
         return None
     table = builder.table()
+    # from the rounded record, as a verdict restored from the profile is: the same text
     out = describe(name, builder, [table.targets.index(target)] * n, whole_ms, table,
                    f"single target {target}: the {len(plan.segments)}-segment plan measured "
-                   f"{v.plan_ms:.3f} ms against {v.single_ms:.3f} ms whole, side by side "
-                   f"(x{v.ratio:.3f}, noise {v.noise:.3f}): not faster beyond the noise")
+                   f"{record['plan_ms']:.3f} ms against {record['single_ms']:.3f} ms whole, "
+                   f"side by side (x{record['ratio']:.3f}, noise {record['noise']:.3f}): "
+                   "not faster beyond the noise")
     out.error, out.measured_ms, out.versus_single = check(single), v.single_ms, record
     return out, single

@@ -1,0 +1,22 @@
+"""How one model is planned and watched: the ``[dispatch]`` settings a :class:`ModelDispatch`
+(``model_dispatch.py``) takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class DispatchOptions:
+    tolerance: float = 0.05
+    metric: str = "rel_l2"
+    runs: int = 7
+    warmup: int = 2
+    drift_threshold: float = 0.5
+    hysteresis: float = 0.05
+    calibration_inputs: int = 2
+    max_layers: int = 48
+    passes: int = 2
+    calibration_dir: Path | None = None
+    reprobe_s: float = 5.0  # first retry of a target excluded after a fault

@@ -1,0 +1,108 @@
+"""Before a plan is made: the model's partition, the targets that run it, and either a plan a
+board of the same kind published (with its reference run here) or this board's own reference.
+
+Adopting skips the reference search and the layer-by-layer runs that find the layers the
+reference cannot run alone: the partition's layers are merged into the published ones (which
+is accepted only when it gives the same layers), and the reference is the one the publisher
+found, run here on the whole model (its outputs are what the plan's output error is checked
+against). A published plan that runs the whole ONNX file on one target is adopted on a shell
+partition (``graph/shell.py``): its layer names checked against the raw file, the graph made
+concrete only when a replan needs the layers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgepilot.backends.base import Backend, ModelKind, Target
+from edgepilot.dispatch.graph.partition import (
+    LayerMismatch,
+    Partition,
+    covers_any,
+    merge_to,
+    partition,
+)
+from edgepilot.dispatch.graph.shell import shell, whole_file
+from edgepilot.dispatch.graph.signature import Shapes, signature_of
+from edgepilot.dispatch.measuring.runnable import Feed, published_reference, reference_for
+from edgepilot.dispatch.planning.shared import PlanExchange
+from edgepilot.formats import files
+
+
+@dataclass
+class Start:
+    """What planning starts from."""
+
+    part: Partition
+    targets: list[Target]      # those that run the whole model or some of its layers
+    adopted: dict[str, Any] | None  # the published plan to adopt (None: plan here)
+    ref: Target                # the reference target
+    ref_outputs: list[Feed]    # the reference's outputs on the calibration inputs
+    merges: list[str]          # layers the reference could not run alone, merged (planned here)
+
+    @property
+    def shell_of(self) -> dict[str, Any] | None:
+        """The published plan when it is adopted on a shell partition (its layers not cut)."""
+        return self.adopted if self.part.make_real is not None else None
+
+
+def begin(exchange: PlanExchange | None, parts: Mapping[str, Any], path: Path, kind: ModelKind,
+          shapes: Shapes, backends: Mapping[str, Backend], targets: Sequence[Target],
+          feeds: Sequence[Feed], *, cache_dir: Path | None, max_layers: int) -> Start:
+    """Partition the model for ``shapes`` (``partition``'s ``cache_dir`` and ``max_layers``),
+    then adopt from ``exchange`` (None: plan here) or find the reference. A published plan
+    running the whole ONNX file is adopted on a shell partition, the model not cut."""
+    make = functools.partial(partition, path, kind, shapes=shapes, cache_dir=cache_dir,
+                             feed=feeds[0], max_layers=max_layers, lazy=True)
+    part, signature = None, signature_of(shapes)
+    doc = exchange.peek(parts, files.sha256_of(path), signature) \
+        if exchange is not None and kind == "onnx" else None
+    if doc is not None and whole_file(doc):
+        part = shell(path, files.sha256_of(path), shapes, doc["layers"], make)
+    try:
+        return _begin(exchange, parts, signature, part or make(), backends, targets, feeds)
+    except LayerMismatch as exc:  # only a shell raises it: refused, as a real cut would be
+        assert exchange is not None and doc is not None
+        exchange.drop(doc, exc.message, model_sha256=files.sha256_of(path))
+        return _begin(exchange, parts, signature, make(), backends, targets, feeds)
+
+
+def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: str,
+           part: Partition, backends: Mapping[str, Backend], targets: Sequence[Target],
+           feeds: Sequence[Feed]) -> Start:
+    # keep every target of a backend that takes this kind of model: one that covers only
+    # some layers (a delegate) is a planning fact, used for the layers it covers
+    here = [t for t in targets if t.backend in backends and covers_any(backends[t.backend],
+                                                                      part, t)]
+    found = adoptable(exchange, parts, part, signature, backends, here, feeds) \
+        if exchange is not None else None
+    if found is not None:
+        return Start(part, here, *found, [])
+    if part.make_real is not None:  # a shell whose plan was refused (its one event): cut it
+        return _begin(None, parts, signature, part.make_real(), backends, targets, feeds)
+    return Start(part, here, None, *reference_for(part, backends, here, feeds))
+
+
+def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
+              signature: str, backends: Mapping[str, Backend], targets: list[Target],
+              feeds: Sequence[Feed]) -> tuple[dict[str, Any], Target, list[Feed]] | None:
+    """A published plan for this model, its reference target and that target's outputs on
+    ``feeds`` here; None: this board plans as usual. ``part``'s layers are merged (in place)
+    into the published ones."""
+    before = part.layers
+    doc = exchange.find(parts, part.model_hash, signature, [], [str(t) for t in targets],
+                        fits=lambda names: merge_to(part, names))
+    if doc is None:
+        return None
+    name = str(doc["profile"]["reference"])
+    got = published_reference(part, backends, targets, feeds, name)
+    if got is None:
+        part.layers = before
+        exchange.drop(doc, f"its reference {name} is not one here or does not run the "
+                      "whole model here", model_sha256=part.model_hash)
+        return None
+    return doc, got[0], got[1]

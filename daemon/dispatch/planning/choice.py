@@ -1,0 +1,90 @@
+"""From a cost table to a :class:`Plan`: the planner's choice, a published plan's segments
+taken as they are, and the per-layer explanation both carry (what `edgepilot plan --json`
+shows)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from edgepilot.dispatch.graph.signature import signature_of
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan
+from edgepilot.dispatch.planning.planner import CostTable, merge, plan_cost, runner_up
+
+
+def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
+    """Run the planner on the builder's current costs and describe the result."""
+    assign, cost, table = builder.best()
+    return describe(name, builder, assign, cost, table, reason)
+
+
+def given(name: str, builder: CostBuilder, segments: list[tuple[str, int, int]],
+          reason: str, figures: Sequence[Any] | None = None) -> Plan | None:
+    """The plan of ``segments`` as they are (a plan a board of the same kind published: what
+    it decided, its side-by-side check against a single target included, is not decided
+    again); None when they do not cover this builder's layers with its targets. ``figures``:
+    the published plan's per-layer entries, whose cost-model figures are shown as they are
+    (the models fitted on the same profile would say the same)."""
+    table = builder.table()
+    assign: list[int] = []
+    for target, start, end in segments:
+        if target not in table.targets or start != len(assign):
+            return None
+        assign += [table.targets.index(target)] * (end - start)
+    if len(assign) != len(builder.part.layers):
+        return None
+    cost = builder.plan_ms(table, assign)
+    if cost == float("inf") and len(segments) == 1:  # the whole file, as best() falls back to
+        cost = float(builder.profile.extra.get("whole_ms", {}).get(segments[0][0], cost))
+    return describe(name, builder, assign, cost, table, reason, figures)
+
+
+def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
+             table: CostTable, reason: str, figures: Sequence[Any] | None = None) -> Plan:
+    """The :class:`Plan` of one assignment (target index per layer) on ``table``; the layers'
+    ``roofline_ms`` from ``figures`` (a published plan's layers) when given."""
+    names = [table.targets[t] for t in assign]
+    shown = _figures(figures, len(assign))
+    layers = []
+    for i, t in enumerate(assign):
+        target = table.targets[t]
+        cell = builder.profile.cells[i][target]
+        ru = runner_up(table, i, t)
+        roof = shown[i] if shown is not None else builder.predicted_layer(i, target)
+        used = table.layer_ms[i][t]
+        layers.append({
+            "name": builder.part.layers[i].name, "target": target,
+            # what the planner charged (net of per-call overhead, clock- and drift-scaled)
+            "predicted_ms": None if used is None else round(used, 4),
+            "measured_ms": None if cell.ms is None else round(cell.ms, 4),
+            "roofline_ms": None if roof is None else round(roof, 4),
+            "error": cell.error,
+            "runner_up": None if ru is None else {"target": table.targets[ru[0]],
+                                                  "predicted_ms": round(ru[1], 4)},
+        })
+    segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
+    raw = plan_cost(table, assign)
+    extra = builder.profile.extra
+    hops = [{"layer": s, "from": segments[k - 1][0], "to": t,
+             "bytes": builder.part.boundary_bytes(s), "predicted_ms": round(table.hop_ms[s], 4)}
+            for k, (t, s, _) in enumerate(segments) if k]
+    return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
+                uncalibrated_ms=raw if raw < float("inf") else None,
+                calibration=builder.calibration.summary(segments, len(builder.part.layers)),
+                signature=signature_of(builder.part.shapes),
+                exclusions=list(extra.get("excluded", [])), merged=list(extra.get("merged", [])),
+                hops=hops)
+
+
+def _figures(figures: Sequence[Any] | None, n: int) -> list[float | None] | None:
+    """Each layer's ``roofline_ms`` from a published plan's layers (None: not one per layer)."""
+    if not isinstance(figures, list) or len(figures) != n:
+        return None
+    out: list[float | None] = []
+    for entry in figures:
+        value = entry.get("roofline_ms") if isinstance(entry, dict) else None
+        if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
+            return None
+        out.append(None if value is None else float(value))
+    return out
