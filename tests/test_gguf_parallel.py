@@ -374,3 +374,17 @@ def test_a_request_past_the_sequences_and_the_line_is_a_503_busy(daemon: DaemonP
         assert "max_queue = 1" in refused.error
     served = next(v for v in outcomes.values() if v is not refused)
     assert isinstance(served, openai.types.chat.ChatCompletion | ollama.ChatResponse)
+
+
+def test_an_answer_past_its_share_of_the_context_ends_with_length(daemon: DaemonProcess) -> None:
+    """Each of the 4 sequences holds N_CTX / 4 tokens: a prompt that fits its share but leaves
+    less room than max_tokens ends ``length`` with the tokens that fit (streamed answers end
+    the same way: tests/test_openai_api.py, one sequence)."""
+    share = N_CTX // 4
+    # 500 tokens with the template: fits 512, not + 100
+    prompt = user("The robot painted the wall. " * 76 + "Write a long story about this robot.")
+    text, usage, finish = _post(daemon, {"model": "smol", "messages": prompt,
+                                         "temperature": 0, "max_tokens": 100})
+    assert finish == "length" and usage is not None, (text, usage)
+    assert usage["prompt_tokens"] < share, usage
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == share, usage

@@ -16,6 +16,10 @@ import pytest
 from daemon_proc import DaemonProcess
 from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401
 
+from edgepilot.backends.llamacpp.backend import LlamaCppBackend
+from edgepilot.backends.llamacpp.options import LlamacppSection
+from edgepilot.serving.tools import tool_request
+
 # grammar-constrained generation samples against the grammar token by token: on a loaded
 # 2-core machine a test here takes minutes
 pytestmark = pytest.mark.timeout(900)
@@ -158,3 +162,20 @@ def test_ollama_tools_in_a_home_assistant_request(daemon: DaemonProcess) -> None
     after = client.chat(model="smol", messages=follow, tools=TOOLS,
                         options={"num_predict": 30})
     assert after.done and (after.message.content or after.message.tool_calls)
+
+
+def test_under_auto_an_answer_opening_a_json_string_is_not_text() -> None:
+    """SmolLM2-135M answers this home-automation request with ``"HassTurnOn" ...`` (a JSON
+    string: it means a tool) when text may start with a quote; the auto grammar's text branch
+    starts no JSON object, list or string, and its next choice is the call."""
+    messages = [MESSAGES[0],
+                {"role": "user", "content": "I'm cold, turn the heater on please."}]
+    tools = tool_request(messages, TOOLS, "auto", None)
+    exe = LlamaCppBackend(LlamacppSection(n_ctx=1024)).open(smollm2_gguf())
+    try:
+        # its first tokens are the choice (the grammar makes the rest of a call valid)
+        out = exe.chat(tools.messages, temperature=0, max_tokens=8, **tools.params)
+    finally:
+        exe.close()
+    text = out["choices"][0]["message"]["content"] or ""
+    assert text.startswith(("[", "{")) and "\"name\"" in text, text

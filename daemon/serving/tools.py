@@ -6,7 +6,7 @@ writes is always ``{"name": <a declared tool>, "arguments": <valid for that tool
 as the one item of a list (the form SmolLM2 and other small models were trained to call in).
 ``tool_choice`` ``"required"`` (or one named function) allows only a call; ``"auto"`` (and
 every Ollama request with tools) allows a call or a plain-text answer that does not start with
-``{`` or ``[``; ``"none"`` leaves the tools out.
+``{``, ``[`` or ``"``; ``"none"`` leaves the tools out.
 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
 through its template, and the conversation's tool calls and tool results as they are. Any other
@@ -160,8 +160,11 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     # fall to the text branch
     gbnf = schema_gbnf(call, field).replace("root ::=", "call ::=", 1) \
         + '\nroot ::= call | "[" space call "]" space'
-    if auto:  # or text that does not start a JSON object or list
-        gbnf += ' | text\ntext ::= [^{[ \\t\\n] [^\\x00]*'
+    # or text that does not start a JSON object, list or string: a model that opens a string
+    # under auto means structured output too (SmolLM2-135M answered '"HassTurnOn"' to 2 of 10
+    # home-automation requests; with text unable to open a string, 1 of them became a call)
+    if auto:
+        gbnf += ' | text\ntext ::= [^{[" \\t\\n] [^\\x00]*'
     gbnf += "\n"
     if template_renders_tools(template):
         out = [dict(m) for m in messages]
