@@ -12,8 +12,9 @@ KV cache precision.
 3. **Adapters.** A random LoRA adapter written with the ``gguf`` package: the daemon's answer by
    ``smol:extract`` against llama-cpp-python's own with ``lora_path`` (temperature 0), and the
    switch cost (TTFT of a request under another adapter than the last vs under the same one).
-4. **Prompt lookup.** llama-cpp-python's own ``LlamaPromptLookupDecoding`` on a copy-heavy and a
-   free-form chat: speedup and whether the tokens are identical.
+4. **Prompt lookup** (``bench/gguf_lookup.py``): edgepilot's ``speculative = "prompt_lookup"``
+   and llama-cpp-python's own ``LlamaPromptLookupDecoding``, each against its plain path, on
+   copy tasks and a free-form chat: speedup and whether the tokens are identical.
 5. **KV cache precision.** Raw llama-cpp-python with ``type_k``/``type_v`` f16, q8_0, q4_0 (flash
    attention on): bytes of KV state per context token (``llama_state_seq_get_size``) and decode
    tokens/s, side by side round by round.
@@ -36,10 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf_lookup
 import llama_cpp
 import openai
 from llama_cpp.llama_cache import LlamaRAMCache
-from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from edgepilot.formats.gguf_lora import write_lora
 
@@ -199,33 +200,7 @@ def bench_adapters(path: Path, work: Path, threads: int, rounds: int) -> dict[st
             "switch_cost_ms": round((med(switch) - med(same)) * 1e3, 1)}
 
 
-# ---- 4. prompt lookup ---------------------------------------------------------------------------
-COPY_TEXT = ("The board has four cores and one small GPU. It runs a daemon that serves models to "
-             "the devices of the house: lamps, thermostats, door sensors and cameras. Every device "
-             "reports its state over MQTT, and the daemon answers questions about them. ") * 4
-LOOKUP_TASKS = {"copy": [{"role": "user", "content": "Rewrite this text exactly:\n\n" + COPY_TEXT}],
-                "chat": [{"role": "user", "content": "Write a story about a robot who paints."}]}
-
-
-def bench_lookup(path: Path, threads: int, max_tokens: int) -> dict[str, Any]:
-    res: dict[str, Any] = {}
-    runs: dict[tuple[str, str], tuple[str, float]] = {}
-    for name in ("plain", "lookup"):
-        kw: dict[str, Any] = {"draft_model": LlamaPromptLookupDecoding(num_pred_tokens=10)} \
-            if name == "lookup" else {}
-        llm = llama_cpp.Llama(str(path), n_ctx=N_CTX, n_threads=threads, seed=0, verbose=False,
-                              **kw)
-        for task, msgs in LOOKUP_TASKS.items():
-            llm.create_chat_completion(msgs, max_tokens=2, temperature=0)  # type: ignore[arg-type]
-            t0 = time.perf_counter()
-            out: Any = llm.create_chat_completion(msgs, max_tokens=max_tokens, temperature=0)  # type: ignore[arg-type]
-            runs[(name, task)] = (out["choices"][0]["message"]["content"],
-                                  time.perf_counter() - t0)
-        llm.close()
-    for task in LOOKUP_TASKS:
-        (a, ta), (b, tb) = runs[("plain", task)], runs[("lookup", task)]
-        res[task] = {"llama_cpp_python_lookup_speedup": round(ta / tb, 2), "identical": a == b}
-    return res
+# ---- 4. prompt lookup: bench/gguf_lookup.py ------------------------------------------------------
 
 
 # ---- 5. KV cache precision ----------------------------------------------------------------------
@@ -273,10 +248,8 @@ def report(res: dict[str, Any]) -> None:
     print(f"adapters    identical to llama-cpp-python lora_path: "
           f"{ad['identical_to_llama_cpp_lora_path']}; base identical: "
           f"{ad['base_identical_to_raw_base']}; switch cost {ad['switch_cost_ms']} ms TTFT")
-    for task, r in res["prompt_lookup"].items():
-        print(f"lookup      {task}: llama-cpp-python's LlamaPromptLookupDecoding "
-              f"x{r['llama_cpp_python_lookup_speedup']} (identical: {r['identical']}); "
-              "edgepilot: not shipped (see bench/README.md)")
+    for line in gguf_lookup.report(res["prompt_lookup"]):
+        print(line)
     for k, r in res["kv_cache"].items():
         print(f"kv cache    {k:5s} {r['kv_bytes_per_token']} bytes/token | decode "
               f"{r['decode_tokens_per_s']:.1f} tok/s (x{r['decode_over_f16']} of f16)")
@@ -290,7 +263,8 @@ def run(path: Path, work: Path, *, threads: int, turns: int, rounds: int,
     parts = [("interleaved", lambda: bench_interleaved(path, work, threads, turns)),
              ("restart", lambda: bench_restart(path, work, threads)),
              ("adapters", lambda: bench_adapters(path, work, threads, rounds)),
-             ("prompt_lookup", lambda: bench_lookup(path, threads, max_tokens)),
+             ("prompt_lookup", lambda: gguf_lookup.bench_lookup(
+                 path, threads, rounds, max(max_tokens, gguf_lookup.MAX_TOKENS))),
              ("kv_cache", lambda: bench_kv(path, threads, rounds, max_tokens))]
     for name, fn in parts:
         res[name] = fn()

@@ -36,6 +36,8 @@ def test_unknown_keys_are_named_by_dotted_path() -> None:
     ({"mqtt": {"device_id": "a/b"}}, "mqtt.device_id", "pattern"),
     ({"backends": {"llamacpp": {"speculative": "draft_model"}}},
      "backends.llamacpp.speculative", "'off' or 'prompt_lookup'"),
+    ({"backends": {"llamacpp": {"speculative": "prompt_lookup"}}},
+     "backends.llamacpp.speculative", "'prompt_lookup' needs flash_attn = true"),
 ])
 def test_bad_values_name_field_and_allowed_values(data: dict, field: str, allowed: str) -> None:
     with pytest.raises(ConfigError) as err:

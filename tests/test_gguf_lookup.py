@@ -27,8 +27,9 @@ from edgepilot.backends.llamacpp.lookup import (
 )
 from edgepilot.backends.llamacpp.options import LlamacppSection
 
-TEXT = ("Every lamp in the hall reports its state over MQTT, and the daemon answers questions "
-        "about them. The thermostat in the kitchen keeps the room at twenty degrees.")
+# bench/gguf_lookup.py's copy task, shorter: the 135M model copies it faithfully
+TEXT = ("The board has four cores and one small GPU. It runs a daemon that serves models to the "
+        "devices of the house: lamps, thermostats, door sensors and cameras. ") * 2
 COPY = [{"role": "user", "content": "Rewrite this text exactly:\n\n" + TEXT}]
 FREE = [{"role": "user", "content": "List ten fruits, one per line."}]
 
@@ -71,7 +72,7 @@ def test_drafting_stops_when_its_batches_cost_more_than_single_decodes() -> None
 # ---- on the real model ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol() -> Iterator[LlamaExecutable]:
-    exe = LlamaCppBackend(LlamacppSection(n_ctx=1024, speculative="prompt_lookup",
+    exe = LlamaCppBackend(LlamacppSection(n_ctx=1024, flash_attn=True, speculative="prompt_lookup",
                                           prefix_cache_entries=0)).open(smollm2_gguf())
     exe.set_threads(1)  # prompt and draft batches too: a shared test machine's cores are busy
     yield exe
@@ -79,9 +80,9 @@ def smol() -> Iterator[LlamaExecutable]:
 
 
 def answer(exe: LlamaExecutable, mode: str, messages: list[dict[str, str]],
-           **params: Any) -> tuple[str, dict[str, Any]]:
+           max_tokens: int = 48, **params: Any) -> tuple[str, dict[str, Any]]:
     exe.llm.speculative = mode
-    out = exe.chat(messages, max_tokens=48, **{"temperature": 0, **params})
+    out = exe.chat(messages, max_tokens=max_tokens, **{"temperature": 0, **params})
     return out["choices"][0]["message"]["content"], out["usage"]
 
 
@@ -113,7 +114,7 @@ def test_a_free_form_prompt_stops_drafting(smol: LlamaExecutable) -> None:
 
 
 def test_only_greedy_requests_draft(smol: LlamaExecutable) -> None:
-    _, usage = answer(smol, "prompt_lookup", COPY, temperature=0.7, seed=1)
+    _, usage = answer(smol, "prompt_lookup", COPY, 12, temperature=0.7, seed=1)
     assert "completion_tokens_details" not in usage and smol.llm.lookup is None
-    _, usage = answer(smol, "prompt_lookup", COPY, logprobs_top=2)
+    _, usage = answer(smol, "prompt_lookup", COPY, 12, logprobs_top=2)
     assert "completion_tokens_details" not in usage

@@ -1,25 +1,26 @@
 """Prompt lookup decoding on the one-sequence GGUF path (``[backends.llamacpp] speculative =
 "prompt_lookup"``): draft tokens copied from the request's own tokens, verified in one batch.
 
-After each sampled token, :class:`PromptLookup` finds the last 3 tokens
-where they occurred earlier in prompt + output (their *most recent* earlier
-occurrence: the one a rewrite is copying now), and drafts the up to ``k`` tokens that followed
-it. llama-cpp-python's ``generate`` then decodes [last token, drafts] in one ``llama_decode``,
-samples at every position in turn, keeps the drafts as long as each sampled token equals the
-next draft, and removes the rest from the KV cache (``kv_cache_seq_rm``): every token emitted is
-the sampler's own choice given the tokens before it, so the output is the plain path's up to
-the rounding of a batched decode against single-token ones (bench/README.md says where it
-held). :func:`decode_drafts` asks logits for the batch's positions only: llama-cpp-python's own
-``draft_model`` support turns on ``logits_all`` for every decode, the prompt's included.
+After each sampled token, :class:`PromptLookup` finds the last 3 tokens where they occurred
+earlier in prompt + output (their *most recent* earlier occurrence: the one a rewrite is
+copying now), and drafts the up to ``k`` tokens that followed it. llama-cpp-python's
+``generate`` then decodes [last token, drafts] in one ``llama_decode``, samples at every
+position in turn, keeps the drafts as long as each sampled token equals the next draft, and
+removes the rest from the KV cache (``kv_cache_seq_rm``): every token emitted is the sampler's
+own choice given the tokens before it, and with flash attention (required) a token's logits in
+a batch equal its logits decoded alone, so the output is the plain path's (bench/README.md:
+without flash attention they differ, and answers changed). :func:`decode_drafts` asks logits
+for the batch's positions only: llama-cpp-python's own ``draft_model`` support turns on
+``logits_all`` for every decode, the prompt's included.
 
-``k`` adapts: doubled (up to :data:`K_MAX`) when a whole draft was taken, cut to one more than
-what was taken otherwise. Free-form chat rarely continues an earlier n-gram the way it went
-before, and each rejected draft costs a batched decode: after :data:`OFF_AFTER` rounds, a
-request with under :data:`OFF_RATE` of its drafted tokens taken, or whose draft batches took
-longer per token they produced than the model's single-token decode, stops drafting for the
-rest of the request.
-Only greedy requests (temperature 0, no grammar, no logits processor that reads the tokens:
-those would see drafts not yet verified) draft at all.
+``k`` adapts: from :data:`K_START`, doubled (up to :data:`K_MAX`) when a whole draft was taken,
+cut to one more than what was taken otherwise. Free-form chat rarely continues an earlier
+n-gram the way it went before, and each rejected draft costs a batched decode: after
+:data:`OFF_AFTER` rounds, a request with under :data:`OFF_RATE` of its drafted tokens taken, or
+after :data:`COST_AFTER`, one whose draft batches took longer per token they produced than the
+model's single-token decode, stops drafting for the rest of the request. Only greedy requests
+(temperature 0, no grammar, no logits processor that reads the tokens: those would see drafts
+not yet verified) draft at all.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import numpy as np
 
 MAX_NGRAM = 3  # the longest suffix looked up; then shorter ones
 MIN_NGRAM = 3  # shorter repeats (a chat template's bigram) are weak evidence of a copy
-K_START = 4  # tokens drafted at first
-K_MIN = 2
+K_START = 1  # tokens drafted at first: a batch of 2 costs ~1.8 single decodes here
+K_MIN = 1
 K_MAX = 16
 K_GROW = 2  # k is multiplied by this after a round whose drafts were all taken
 OFF_AFTER = 2  # rounds of drafts before the request's acceptance rate is judged

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from edgepilot.backends.options import BackendOptions, Isolation
 
@@ -69,7 +69,19 @@ class LlamacppSection(BackendOptions):
                     "own prompt and output and verify them in one batch; a request whose "
                     "drafts are mostly rejected stops drafting. usage."
                     "completion_tokens_details counts the drafted tokens taken and rejected. "
-                    "Figures: bench/README.md.")
+                    "Needs flash_attn = true. Figures: bench/README.md.")
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative_needs_flash_attn(cls, value: str, info: ValidationInfo) -> str:
+        # without flash attention llama.cpp's CPU attention gives a token decoded in a batch
+        # other logits (up to 0.9 apart, measured) than the same token decoded alone, so
+        # drafts would change greedy answers; with it they are equal (bench/README.md)
+        if value == "prompt_lookup" and not info.data.get("flash_attn"):
+            raise ValueError("'prompt_lookup' needs flash_attn = true (without flash attention "
+                             "a batched decode gives other logits than single-token decodes, "
+                             "and the answers would change); allowed: 'off', 'prompt_lookup'")
+        return value
 
     isolation: Isolation = Field(
         "process",

@@ -26,14 +26,8 @@ from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
-from edgepilot.dispatch.measuring.calibration import time_plan
-from edgepilot.dispatch.measuring.measure import (
-    MAX_RUNS,
-    MIN_TIMED_MS,
-    LatencyTable,
-    Measurer,
-    Progress,
-)
+from edgepilot.dispatch.measuring.calibration import plan_timing
+from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer, Progress
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
@@ -151,7 +145,7 @@ class ModelDispatch:
         spent = plan.planning_s = round(time.monotonic() - started, 3)
         if adopted and shared and not shared.adopt(
                 adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
-                spent, lambda: self._time(compiled), self.fastest):
+                spent, lambda: self._time(compiled, settle=True), self.fastest):
             return self.prepare(reprofile=True)  # it does not hold here: measure
         doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
                "forced": {str(k): v for k, v in self.builder.forced.items()},
@@ -222,14 +216,15 @@ class ModelDispatch:
             time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
                               self.opts.runs, self.opts.warmup, self.opts.passes)
         # predicted above from earlier observations only; this measurement joins them after
-        plan.measured_ms, per_segment, self.fastest = self._time(compiled)
+        plan.measured_ms, per_segment, self.fastest = self._time(compiled, settle=keep is None)
         self.builder.record(plan.segments, per_segment)
         self.segment_ms = list(per_segment)
         single = single_instead(self.name, self.builder, self.part, plan, compiled,
                                 self.backends, self.calibration[0], self.opts.hysteresis,
                                 self.check_error, self.progress)
         if single:  # timed side by side above; alone for the fastest run it publishes
-            self.segment_ms, self.fastest = [single[0].measured_ms or 0.0], self._time(single[1])[2]
+            self.segment_ms = [single[0].measured_ms or 0.0]
+            self.fastest = self._time(single[1], settle=True)[2]
         return single or (plan, compiled)
 
     def _refuse(self, exc: LayerMismatch) -> None:
@@ -238,11 +233,10 @@ class ModelDispatch:
             self.cache.shared.drop(self.published, exc.message, model=self.name)
         self.published = None
 
-    def _time(self, compiled: CompiledPlan) -> tuple[float, list[float], list[float]]:
+    def _time(self, compiled: CompiledPlan, settle: bool = False
+              ) -> tuple[float, list[float], list[float]]:
         """The plan's median end to end and per segment, and its fastest run (both)."""
-        fastest: list[float] = []
-        return (*time_plan(compiled, self.calibration[0], self.opts.runs, 1, MIN_TIMED_MS,
-                           MAX_RUNS, fastest), fastest)
+        return plan_timing(compiled, self.calibration[0], self.opts.runs, settle)
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan
