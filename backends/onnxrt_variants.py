@@ -108,6 +108,24 @@ def make_variant(model: onnx.ModelProto, recipe: str, workdir: Path) -> onnx.Mod
         return result
     src, dst = workdir / "src.onnx", workdir / "dst.onnx"
     onnx.save(model, str(src))
+    _quantize(src, dst, recipe, model)
+    return onnx.load(str(dst))
+
+
+def variant_bytes(model: onnx.ModelProto, raw: bytes, recipe: str, workdir: Path) -> bytes:
+    """:func:`make_variant`, serialized; ``raw`` is ``model`` serialized. The quantizers read
+    and write files: they are given ``raw`` and their output is returned as written (the
+    model is not copied, saved, loaded and serialized again: 0.1-0.2 s for a 23 MB encoder)."""
+    if recipe not in ("int8-dynamic", "int8-qdq"):
+        return model_bytes(make_variant(model, recipe, workdir))
+    src, dst = workdir / "src.onnx", workdir / "dst.onnx"
+    src.write_bytes(raw)
+    _quantize(src, dst, recipe, model)
+    return dst.read_bytes()
+
+
+def _quantize(src: Path, dst: Path, recipe: str, model: onnx.ModelProto) -> None:
+    """Quantize the file ``src`` (``model``) into ``dst`` with an int8 ``recipe``."""
     if recipe == "int8-dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -122,7 +140,6 @@ def make_variant(model: onnx.ModelProto, recipe: str, workdir: Path) -> onnx.Mod
     else:
         raise BackendError(f"unknown precision recipe {recipe!r}; allowed: "
                            f"{', '.join(sorted(RECIPES))}", field="precision")
-    return onnx.load(str(dst))
 
 
 class VariantCache:
@@ -149,13 +166,12 @@ class VariantCache:
             return path.read_bytes()
         with tempfile.TemporaryDirectory(prefix="edgepilot-ort-") as tmp:
             try:
-                variant = make_variant(model, recipe, Path(tmp))
+                data = variant_bytes(model, raw, recipe, Path(tmp))
             except BackendError:
                 raise
             except Exception as exc:
                 raise BackendError(f"onnxruntime could not make the {recipe} variant: "
                                    f"{type(exc).__name__}: {exc}", field="precision") from None
-        data = model_bytes(variant)
         if path is not None:
             with self._lock:
                 path.parent.mkdir(parents=True, exist_ok=True)

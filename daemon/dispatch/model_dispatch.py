@@ -19,26 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, ModelKind, Target
-from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment, SegmentFault
+from edgepilot.backends.base import Backend, Executable, ModelKind, Target
+from edgepilot.dispatch.execution.executor import CompiledPlan, SegmentFault
 from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
-from edgepilot.dispatch.measuring.calibration import time_plan
-from edgepilot.dispatch.measuring.measure import (
-    MAX_RUNS,
-    MIN_TIMED_MS,
-    LatencyTable,
-    Measurer,
-    Progress,
-)
+from edgepilot.dispatch.measuring.calibration import plan_timing
+from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer, Progress
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
-from edgepilot.dispatch.planning.choice import choose, given
+from edgepilot.dispatch.planning.choice import choose, compile_plan, given
 from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
@@ -86,6 +80,7 @@ class ModelDispatch:
         self.segment_ms: list[float] = []  # each segment of the last plan made, timed
         self.fastest: list[float] = []  # its fastest run, end to end then per segment
         self.published: dict[str, Any] | None = None  # a plan adopted on a shell partition
+        self.spare: Executable | None = None  # the reference's, when the plan runs on it
         self.recovery = Recovery(self._readmit, opts.reprobe_s)
 
     def prepare(self, reprofile: bool = False) -> Plan:
@@ -114,7 +109,7 @@ class ModelDispatch:
         got = begin(shared if not reprofile else None, self.key_parts, self.path, kind,
                     self.shapes, self.backends, self.targets, self.calibration,
                     cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
-        part, ref, adopted = got.part, got.ref, got.adopted
+        part, ref, adopted, self.spare = got.part, got.ref, got.adopted, got.spare
         self.part, self.targets, self.reference, self.ref_outputs, self.published = \
             part, got.targets, ref, got.ref_outputs, got.shell_of
         layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
@@ -151,7 +146,7 @@ class ModelDispatch:
         spent = plan.planning_s = round(time.monotonic() - started, 3)
         if adopted and shared and not shared.adopt(
                 adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
-                spent, lambda: self._time(compiled), self.fastest):
+                spent, lambda: self._time(compiled, settle=True), self.fastest):
             return self.prepare(reprofile=True)  # it does not hold here: measure
         doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
                "forced": {str(k): v for k, v in self.builder.forced.items()},
@@ -171,25 +166,6 @@ class ModelDispatch:
     def signature(self) -> str:
         return signature_of(self.shapes) if self.shapes is not None else ""
 
-    def _backend(self, target: Target) -> Backend:
-        try:
-            return self.backends[target.backend]
-        except KeyError:
-            raise PlanError(f"backend {target.backend!r} is not loaded; loaded: "
-                            f"{', '.join(self.backends)}", field="targets") from None
-
-    def _compile(self, plan: Plan, table: CostTable) -> CompiledPlan:
-        assert self.part is not None and self.builder is not None
-        segs = []
-        for target, s, e in plan.segments:
-            pred = self.builder.segment_ms(table, table.targets.index(target), s, e)
-            # [0, n) is Segment(layers=None): the original file, the model's own inputs and
-            # outputs, the same variant recipe a single-target load uses (test_executor.py)
-            seg = self.part.segment(s, e)
-            exe = self._backend(Target.parse(target)).compile(seg, Target.parse(target))
-            segs.append(CompiledSegment(target, s, e, seg, exe, pred))
-        return CompiledPlan(segs, self.part.outputs)
-
     def check_error(self, compiled: CompiledPlan) -> float:
         """Whole-plan output error against the fp32 reference on the calibration inputs."""
         return max(output_error(compiled.run(feed)[0], ref, self.opts.metric)
@@ -199,12 +175,13 @@ class ModelDispatch:
                figures: Sequence[Any] | None = None) -> tuple[Plan, CompiledPlan]:
         """Plan (``keep``: these segments, a published plan's, ``figures`` its layers'),
         compile, check; repair (worst layer back to fp32) until within tolerance."""
-        assert self.builder is not None and self.reference is not None
+        assert self.builder is not None and self.reference is not None and self.part is not None
         ref = str(self.reference)
         while True:
             plan = (given(self.name, self.builder, keep, reason, figures) if keep else None) \
                 or choose(self.name, self.builder, reason)
-            compiled = self._compile(plan, self.builder.table())
+            compiled, self.spare = compile_plan(self.part, self.builder, self.backends, plan,
+                                                self.spare), None
             err = self.check_error(compiled)
             movable = [(self.builder.profile.cells[i][t].error or 0.0, i)
                        for i, t in enumerate(plan.targets) if t != ref]
@@ -217,19 +194,19 @@ class ModelDispatch:
             self.builder.forced[max(movable)[1]] = ref
             keep = None  # the published plan's error does not hold here: repaired as usual
         plan.error = err
-        assert self.part is not None  # partitioned before any plan
         if keep is None:  # a published plan's segments were timed where it was made
             time_new_segments(self.builder, self.part, plan, compiled, self.calibration[0],
                               self.opts.runs, self.opts.warmup, self.opts.passes)
         # predicted above from earlier observations only; this measurement joins them after
-        plan.measured_ms, per_segment, self.fastest = self._time(compiled)
+        plan.measured_ms, per_segment, self.fastest = self._time(compiled, settle=keep is None)
         self.builder.record(plan.segments, per_segment)
         self.segment_ms = list(per_segment)
         single = single_instead(self.name, self.builder, self.part, plan, compiled,
                                 self.backends, self.calibration[0], self.opts.hysteresis,
                                 self.check_error, self.progress)
         if single:  # timed side by side above; alone for the fastest run it publishes
-            self.segment_ms, self.fastest = [single[0].measured_ms or 0.0], self._time(single[1])[2]
+            self.segment_ms = [single[0].measured_ms or 0.0]
+            self.fastest = self._time(single[1], settle=True)[2]
         return single or (plan, compiled)
 
     def _refuse(self, exc: LayerMismatch) -> None:
@@ -238,11 +215,10 @@ class ModelDispatch:
             self.cache.shared.drop(self.published, exc.message, model=self.name)
         self.published = None
 
-    def _time(self, compiled: CompiledPlan) -> tuple[float, list[float], list[float]]:
+    def _time(self, compiled: CompiledPlan, settle: bool = False
+              ) -> tuple[float, list[float], list[float]]:
         """The plan's median end to end and per segment, and its fastest run (both)."""
-        fastest: list[float] = []
-        return (*time_plan(compiled, self.calibration[0], self.opts.runs, 1, MIN_TIMED_MS,
-                           MAX_RUNS, fastest), fastest)
+        return plan_timing(compiled, self.calibration[0], self.opts.runs, settle)
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, Target
+from edgepilot.backends.base import Backend, Executable, Target
 from edgepilot.dispatch.graph.partition import Partition, merge_layers
 from edgepilot.errors import EdgepilotError, UnrunnableModel
 
@@ -35,16 +35,18 @@ def reference_for(part: Partition, backends: Mapping[str, Backend], targets: lis
         from edgepilot.backends.tflite import file_precision
 
         precision = file_precision(part.model_path)
-    ref, outputs = pick_reference(part, backends, reference_targets(targets, part.kind,
-                                                                    precision), feeds)
+    ref, outputs, _ = pick_reference(part, backends, reference_targets(targets, part.kind,
+                                                                       precision), feeds)
     return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
 
 
 def published_reference(part: Partition, backends: Mapping[str, Backend],
-                        targets: list[Target], feeds: Sequence[Feed], name: str
-                        ) -> tuple[Target, list[Feed]] | None:
+                        targets: list[Target], feeds: Sequence[Feed], name: str,
+                        keep: bool = False
+                        ) -> tuple[Target, list[Feed], Executable | None] | None:
     """The reference a board of the same kind found (``name``) and its outputs here, when it
     is one of this board's candidates and runs the whole model here; None: search as usual.
+    ``keep``: its executable is returned open (the plan runs the whole model on it).
 
     A plan adopted from such a board needs no search: the candidates that failed there fail
     here, and the layers it had to merge are in its published layer list."""
@@ -59,15 +61,16 @@ def published_reference(part: Partition, backends: Mapping[str, Backend],
     if not found:
         return None
     try:
-        return pick_reference(part, backends, found, feeds)
+        return pick_reference(part, backends, found, feeds, keep)
     except UnrunnableModel:
         return None
 
 
 def pick_reference(part: Partition, backends: Mapping[str, Backend],
-                   candidates: Sequence[Target], feeds: Sequence[Feed]
-                   ) -> tuple[Target, list[Feed]]:
-    """The first candidate that runs the whole model, and its outputs on ``feeds``."""
+                   candidates: Sequence[Target], feeds: Sequence[Feed], keep: bool = False
+                   ) -> tuple[Target, list[Feed], Executable | None]:
+    """The first candidate that runs the whole model, its outputs on ``feeds``, and (``keep``)
+    its executable, open."""
     reasons: list[tuple[str, str]] = []
     for target in candidates:
         backend = backends.get(target.backend)
@@ -75,10 +78,14 @@ def pick_reference(part: Partition, backends: Mapping[str, Backend],
             continue
         try:
             exe = backend.compile(part.segment(0, len(part.layers)), target)
+            kept = None
             try:
-                return target, [exe.run(dict(feed)) for feed in feeds]
+                outputs = [exe.run(dict(feed)) for feed in feeds]
+                kept = exe if keep else None
+                return target, outputs, kept
             finally:
-                exe.close()
+                if kept is None:
+                    exe.close()
         except EdgepilotError as exc:
             log.info("reference %s cannot run %s: %s", target, part.model_path.name,
                      exc.message)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgepilot.backends.base import Backend, ModelKind, Target
+from edgepilot.backends.base import Backend, Executable, ModelKind, Target
 from edgepilot.dispatch.graph.partition import (
     LayerMismatch,
     Partition,
@@ -29,7 +29,7 @@ from edgepilot.dispatch.graph.partition import (
 from edgepilot.dispatch.graph.shell import shell, whole_file
 from edgepilot.dispatch.graph.signature import Shapes, signature_of
 from edgepilot.dispatch.measuring.runnable import Feed, published_reference, reference_for
-from edgepilot.dispatch.planning.shared import PlanExchange
+from edgepilot.dispatch.planning.shared import PlanExchange, published_segments
 from edgepilot.formats import files
 
 
@@ -43,6 +43,8 @@ class Start:
     ref: Target                # the reference target
     ref_outputs: list[Feed]    # the reference's outputs on the calibration inputs
     merges: list[str]          # layers the reference could not run alone, merged (planned here)
+    # the reference's executable, open, when the adopted plan runs the whole model on it
+    spare: Executable | None = None
 
     @property
     def shell_of(self) -> dict[str, Any] | None:
@@ -81,7 +83,7 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
     found = adoptable(exchange, parts, part, signature, backends, here, feeds) \
         if exchange is not None else None
     if found is not None:
-        return Start(part, here, *found, [])
+        return Start(part, here, found[0], found[1], found[2], [], found[3])
     if part.make_real is not None:  # a shell whose plan was refused (its one event): cut it
         return _begin(None, parts, signature, part.make_real(), backends, targets, feeds)
     return Start(part, here, None, *reference_for(part, backends, here, feeds))
@@ -89,9 +91,11 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
 
 def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
               signature: str, backends: Mapping[str, Backend], targets: list[Target],
-              feeds: Sequence[Feed]) -> tuple[dict[str, Any], Target, list[Feed]] | None:
-    """A published plan for this model, its reference target and that target's outputs on
-    ``feeds`` here; None: this board plans as usual. ``part``'s layers are merged (in place)
+              feeds: Sequence[Feed]
+              ) -> tuple[dict[str, Any], Target, list[Feed], Executable | None] | None:
+    """A published plan for this model, its reference target, that target's outputs on
+    ``feeds`` here and its executable when the plan runs the whole model on it (one session
+    built, not two); None: this board plans as usual. ``part``'s layers are merged (in place)
     into the published ones."""
     before = part.layers
     doc = exchange.find(parts, part.model_hash, signature, [], [str(t) for t in targets],
@@ -99,10 +103,12 @@ def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
     if doc is None:
         return None
     name = str(doc["profile"]["reference"])
-    got = published_reference(part, backends, targets, feeds, name)
+    segments = published_segments(doc)
+    got = published_reference(part, backends, targets, feeds, name,
+                              keep=len(segments) == 1 and segments[0][0] == name)
     if got is None:
         part.layers = before
         exchange.drop(doc, f"its reference {name} is not one here or does not run the "
                       "whole model here", model_sha256=part.model_hash)
         return None
-    return doc, got[0], got[1]
+    return doc, *got

@@ -1,16 +1,20 @@
 """From a cost table to a :class:`Plan`: the planner's choice, a published plan's segments
 taken as they are, and the per-layer explanation both carry (what `edgepilot plan --json`
-shows)."""
+shows); then the plan compiled, one executable per segment."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
+from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.graph.signature import signature_of
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, merge, plan_cost, runner_up
+from edgepilot.errors import PlanError
 
 
 def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
@@ -88,3 +92,29 @@ def _figures(figures: Sequence[Any] | None, n: int) -> list[float | None] | None
             return None
         out.append(None if value is None else float(value))
     return out
+
+
+def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, Backend],
+                 plan: Plan, spare: Executable | None = None) -> CompiledPlan:
+    """One executable per segment of ``plan``, each with its calibrated prediction. ``spare``:
+    the reference's executable of the whole model, used (not built again) when the plan is
+    the whole model on the reference (an adopted plan; closed otherwise)."""
+    table = builder.table()
+    segs = []
+    for target, s, e in plan.segments:
+        pred = builder.segment_ms(table, table.targets.index(target), s, e)
+        # [0, n) is Segment(layers=None): the original file, the model's own inputs and
+        # outputs, the same variant recipe a single-target load uses (test_executor.py)
+        seg = part.segment(s, e)
+        t = Target.parse(target)
+        if spare is not None and (s, e) == (0, len(part.layers)) and spare.target == t:
+            exe, spare = spare, None
+        elif t.backend in backends:
+            exe = backends[t.backend].compile(seg, t)
+        else:
+            raise PlanError(f"backend {t.backend!r} is not loaded; loaded: "
+                            f"{', '.join(backends)}", field="targets")
+        segs.append(CompiledSegment(target, s, e, seg, exe, pred))
+    if spare is not None:
+        spare.close()
+    return CompiledPlan(segs, part.outputs)
