@@ -388,3 +388,6 @@ def test_an_answer_past_its_share_of_the_context_ends_with_length(daemon: Daemon
     assert finish == "length" and usage is not None, (text, usage)
     assert usage["prompt_tokens"] < share, usage
     assert usage["prompt_tokens"] + usage["completion_tokens"] == share, usage
+    # Ollama's ps says each request's context (what options.num_ctx asks for)
+    ps = {m.model: m for m in ollama.Client(host=daemon.url).ps().models}
+    assert ps["smol"].context_length == share

@@ -289,8 +289,10 @@ async def ps(request: Request) -> Any:
                     "digest": lm.model.entry.sha256 or "",
                     "details": model_details(lm.model.path, lm.model.kind),
                     "expires_at": iso_of(lm.expires_at()),
-                    "context_length": exe.n_ctx if isinstance(exe, GenerativeExecutable)
-                    else None})
+                    # each request's context, as options.num_ctx asks it (a model generating
+                    # N sequences at once holds N of them)
+                    "context_length": exe.n_ctx // max(1, exe.max_concurrency)
+                    if isinstance(exe, GenerativeExecutable) else None})
     return {"models": out}
 
 
