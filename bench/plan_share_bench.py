@@ -9,9 +9,10 @@ on this machine: board 1 (a dispatcher with its own state dir) plans the model, 
 the same fingerprint) plans the same model through that exchange: it adopts the published plan
 after its verification at the default tolerance (±10% end to end and per segment), or, when
 the verification fails on this loaded machine, measures it itself. Each board is a process of
-its own, timed from its plan request (imports done) to its plan. Printed: each board's time,
-the ratio (board 2 / board 1), the plan's targets, whether board 2 adopted, and why not. The kernel corpus is off
-for both (it is per board and measured once; with it on, board 2 would measure its own corpus).
+its own, timed from its plan request (edgepilot imported; what planning imports lazily is
+inside the span) to its plan. Printed: each board's time, the ratio (board 2 / board 1), the
+plan's targets, whether board 2 adopted, and why not. The kernel corpus is off for both (it is
+per board and measured once; with it on, board 2 would measure its own corpus).
 """
 
 from __future__ import annotations
