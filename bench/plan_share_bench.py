@@ -9,9 +9,10 @@ on this machine: board 1 (a dispatcher with its own state dir) plans the model, 
 the same fingerprint) plans the same model through that exchange: it adopts the published plan
 after its verification at the default tolerance (±10% end to end and per segment), or, when
 the verification fails on this loaded machine, measures it itself. Each board is a process of
-its own, timed from its plan request (imports done) to its plan. Printed: each board's time,
-the ratio (board 2 / board 1), whether board 2 adopted, and why not. The kernel corpus is off
-for both (it is per board and measured once; with it on, board 2 would measure its own corpus).
+its own, timed from its plan request (edgepilot imported; what planning imports lazily is
+inside the span) to its plan. Printed: each board's time, the ratio (board 2 / board 1), the
+plan's targets, whether board 2 adopted, and why not. The kernel corpus is off for both (it is
+per board and measured once; with it on, board 2 would measure its own corpus).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def one(model_name: str, tmp: Path, tolerance: float) -> dict[str, Any]:
             "board1_plan_s": round(planned_s, 2), "board2_s": round(second_s, 2),
             "ratio": round(second_s / planned_s, 3), "adopted": bool(adopted),
             "segments": len(plan1["segments"]),
+            "targets": sorted({seg["target"] for seg in plan1["segments"]}),
             "same_plan": plan1["segments"] == plan2["segments"], "rejected": rejected,
             "load_avg": round(os.getloadavg()[0], 2)}
 

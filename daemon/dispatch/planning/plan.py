@@ -27,6 +27,7 @@ from edgepilot.dispatch.planning.kernels import KernelModel, correction
 from edgepilot.dispatch.planning.planner import (
     CostTable,
     merge,
+    prefer_reference,
     prefer_single,
     solve,
 )
@@ -227,7 +228,8 @@ class CostBuilder:
                 raise
             return [table.targets.index(whole)] * table.n_layers, \
                 float(self.profile.extra["whole_ms"][whole]), table
-        assign = prefer_single(table, assign, self.split_margin)
+        assign = prefer_reference(table, prefer_single(table, assign, self.split_margin),
+                                  self.profile.reference, self.split_margin)
         return assign, self.plan_ms(table, assign), table
 
     def best_whole(self) -> str | None:

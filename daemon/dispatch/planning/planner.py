@@ -184,3 +184,19 @@ def prefer_single(table: CostTable, assign: list[int], margin: float) -> list[in
     if plan_cost(table, assign) < plan_cost(table, best) * (1.0 - margin):
         return assign
     return best
+
+
+def prefer_reference(table: CostTable, assign: list[int], reference: str,
+                     margin: float) -> list[int]:
+    """The reference target alone instead of another single target predicted to beat it by no
+    more than ``margin``: the same speed within the noise, without a variant's error (and
+    without its quantization on every board of the kind that adopts the plan). A split, or a
+    variant faster beyond the margin, is kept."""
+    if reference not in table.targets or len(merge(assign)) != 1:
+        return assign
+    ref = [table.targets.index(reference)] * table.n_layers
+    if ref == assign or not feasible(table, ref):
+        return assign
+    ref_cost = plan_cost(table, ref)
+    return ref if ref_cost < INF and ref_cost <= plan_cost(table, assign) * (1.0 + margin) \
+        else assign
