@@ -1,8 +1,9 @@
 """Prompt lookup decoding (``[backends.llamacpp] speculative = "prompt_lookup"``): the drafter
 on its own, then on the real SmolLM2 GGUF against the plain path of the same loaded model.
 
-What is asserted on the real model is what held when it was measured (bench/README.md): a copy
-prompt gives the plain path's tokens at temperature 0 with drafts taken; a free-form prompt
+What is asserted on the real model is what held when it was measured (bench/README.md): with
+flash attention and 1 thread (a batch row then rounds like a single decode) a copy prompt gives
+the plain path's tokens at temperature 0 with drafts taken; a free-form prompt
 whose drafts are rejected stops drafting, visibly in its usage counts. Free-form tokens can
 differ from the plain path (a batched decode rounds differently at near ties), so they are not
 compared.
@@ -17,7 +18,12 @@ import numpy as np
 import pytest
 from models_fixtures import smollm2_gguf
 
-from edgepilot.backends.llamacpp.backend import LlamaCppBackend, LlamaExecutable
+import edgepilot.backends.llamacpp.lookup as lookup_module
+from edgepilot.backends.llamacpp.backend import (
+    LlamaCppBackend,
+    LlamaExecutable,
+    LlamaWorkerExecutable,
+)
 from edgepilot.backends.llamacpp.lookup import (
     COST_AFTER,
     K_START,
@@ -86,7 +92,11 @@ def answer(exe: LlamaExecutable, mode: str, messages: list[dict[str, str]],
     return out["choices"][0]["message"]["content"], out["usage"]
 
 
-def test_a_copy_prompt_gives_the_plain_tokens_with_drafts_taken(smol: LlamaExecutable) -> None:
+def test_a_copy_prompt_gives_the_plain_tokens_with_drafts_taken(
+        smol: LlamaExecutable, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cost rule reads the clock (a loaded machine can make batches look dear): off here,
+    # so the counts compared below do not depend on timing
+    monkeypatch.setattr(lookup_module, "COST_AFTER", 1 << 30)
     plain, plain_usage = answer(smol, "off", COPY)
     text, usage = answer(smol, "prompt_lookup", COPY)
     assert text == plain and usage["completion_tokens"] == plain_usage["completion_tokens"]
@@ -102,7 +112,9 @@ def test_a_copy_prompt_gives_the_plain_tokens_with_drafts_taken(smol: LlamaExecu
     assert stream.usage is not None and stream.usage["completion_tokens_details"] == details
 
 
-def test_a_free_form_prompt_stops_drafting(smol: LlamaExecutable) -> None:
+def test_a_free_form_prompt_stops_drafting(smol: LlamaExecutable,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lookup_module, "COST_AFTER", 1 << 30)  # the acceptance rule alone
     _, usage = answer(smol, "prompt_lookup", FREE)
     details = usage["completion_tokens_details"]
     assert smol.llm.lookup.off == "acceptance"
@@ -118,3 +130,21 @@ def test_only_greedy_requests_draft(smol: LlamaExecutable) -> None:
     assert "completion_tokens_details" not in usage and smol.llm.lookup is None
     _, usage = answer(smol, "prompt_lookup", COPY, 12, logprobs_top=2)
     assert "completion_tokens_details" not in usage
+
+
+def test_a_worker_process_drafts_as_in_process(smol: LlamaExecutable) -> None:
+    # the setting travels to the worker with the rest of [backends.llamacpp], and the counts
+    # come back in usage
+    backend = LlamaCppBackend(LlamacppSection(n_ctx=1024, flash_attn=True, prefix_cache_entries=0,
+                                              speculative="prompt_lookup"))
+    worker = backend.open_served(smollm2_gguf(), model="smol", n_threads=1)
+    assert isinstance(worker, LlamaWorkerExecutable)
+    try:
+        out = worker.chat(COPY, max_tokens=48, temperature=0)
+    finally:
+        worker.close()
+    text, usage = answer(smol, "prompt_lookup", COPY)
+    assert out["choices"][0]["message"]["content"] == text
+    # the counts themselves may differ: the worker's cost rule reads its own clock
+    assert out["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    assert "completion_tokens_details" in usage

@@ -69,7 +69,9 @@ class LlamacppSection(BackendOptions):
                     "own prompt and output and verify them in one batch; a request whose "
                     "drafts are mostly rejected stops drafting. usage."
                     "completion_tokens_details counts the drafted tokens taken and rejected. "
-                    "Needs flash_attn = true. Figures: bench/README.md.")
+                    "Needs flash_attn = true; answers equal the plain path's with 1 thread "
+                    "(with more, long contexts can differ at a near tie). Figures: "
+                    "bench/README.md.")
 
     @field_validator("speculative")
     @classmethod
