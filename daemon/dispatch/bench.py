@@ -17,7 +17,10 @@ Each variant is compiled ``compiles`` times and round ``r`` runs compile ``r % c
 sessions of the very same bytes can sit a few percent apart for as long as they live (where
 their buffers landed, which cores their pools woke on), and a plan that is one target's whole
 model is exactly such a pair with that target. Rotating fresh compiles averages that offset out
-of the ratio instead of reporting it as the plan's gain or loss.
+of the ratio instead of reporting it as the plan's gain or loss. A variant over
+``CRAWL_FACTOR`` times slower than the plan (Arm NN's reference kernels: seconds a run) gets
+one compile and only ``CRAWL_ROUNDS`` rounds: its verdict is plain and its runs would be most
+of the bench's time.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ BURST = 3
 BURST_MS = 2.0
 COLD_MS = 5.0
 MAX_ROUNDS = 400
+# a variant this many times slower than the plan is timed in the first CRAWL_ROUNDS rounds only
+CRAWL_FACTOR = 20.0
+CRAWL_ROUNDS = 3
 
 
 def raw_runner(md: ModelDispatch) -> Runner:
@@ -103,6 +109,13 @@ def plan_runner(md: ModelDispatch) -> Runner:
     return lambda f: compiled.run(f)[0]
 
 
+def _compile_whole(md: ModelDispatch, target: str) -> Runner:
+    assert md.part is not None
+    parsed = Target.parse(target)
+    return md.backends[parsed.backend].compile(md.part.segment(0, len(md.part.layers)),
+                                               parsed).run
+
+
 def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
           budget_s: float = 0.3, compiles: int = 2) -> dict[str, Any]:
     """The bench JSON (`edgepilot bench --json`) for a prepared (or preparable) model.
@@ -115,9 +128,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     assert md.compiled is not None and md.plan is not None and md.part is not None
     feed = md.calibration[0]
     plan_compiled = md.compiled
-    k = max(1, compiles)
-    pool: dict[str, list[Runner]] = {
-        "plan": [lambda f: plan_compiled.run(f)[0]] + [plan_runner(md) for _ in range(k - 1)]}
+    pool: dict[str, list[Runner]] = {"plan": [lambda f: plan_compiled.run(f)[0]]}
     whole = md.part.segment(0, len(md.part.layers))
     skipped: dict[str, str] = {}
     for target in md.targets:
@@ -127,21 +138,36 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
             skipped[str(target)] = support.reason
             continue
         try:
-            pool[str(target)] = [backend.compile(whole, target).run for _ in range(k)]
+            pool[str(target)] = [backend.compile(whole, target).run]
         except EdgepilotError as exc:
             skipped[str(target)] = exc.message
     try:
-        pool["raw"] = [raw_runner(md) for _ in range(k)]
+        pool["raw"] = [raw_runner(md)]
     except Exception as exc:  # the raw runtime is a reference, not a requirement
         skipped["raw"] = f"{type(exc).__name__}: {exc}"
-    # every compile's error: a rotated compile that computed something else would time a
-    # different model
-    errors = {name: max(output_error(fn(f), ref, md.opts.metric) for fn in fns
+    errors = {name: max(output_error(fns[0](f), ref, md.opts.metric)
                         for f, ref in zip(md.calibration, md.ref_outputs, strict=True))
               for name, fns in pool.items()}
     est: dict[str, float] = {}
-    for _ in range(warmup):
-        for name, fns in pool.items():
+    for name, fns in pool.items():
+        t0 = time.perf_counter()
+        fns[0](feed)
+        est[name] = (time.perf_counter() - t0) * 1e3
+    # a variant far slower than the plan (a reference-kernel target: seconds a run) cannot
+    # change the verdict: one compile, a few rounds, no more warm-ups
+    crawl = {name for name, ms in est.items()
+             if name != "plan" and ms > max(COLD_MS, CRAWL_FACTOR * est["plan"])}
+    for name, fns in pool.items():
+        if name in crawl:
+            continue
+        for _ in range(max(1, compiles) - 1):
+            fn = plan_runner(md) if name == "plan" else raw_runner(md) if name == "raw" \
+                else _compile_whole(md, name)
+            # a rotated compile that computed something else would time a different model
+            errors[name] = max(errors[name], output_error(fn(md.calibration[0]),
+                                                          md.ref_outputs[0], md.opts.metric))
+            fns.append(fn)
+        for _ in range(max(0, warmup - 1)):
             for fn in fns:
                 t0 = time.perf_counter()
                 fn(feed)
@@ -149,28 +175,32 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     calls = {name: max(BURST, min(200, int(BURST_MS / max(ms, 1e-3)) + 1))
              for name, ms in est.items()}
     slow = {name for name, ms in est.items() if ms > COLD_MS}
-    times: dict[str, list[float]] = {name: [] for name in pool}
+    # each variant's burst median per round (a crawling variant sits out after CRAWL_ROUNDS)
+    times: dict[str, dict[int, float]] = {name: {} for name in pool}
     # every timed call's ms, for the tail (p95) next to the medians
     calls_ms: dict[str, list[float]] = {name: [] for name in pool}
     timed_s: dict[str, float] = dict.fromkeys(pool, 0.0)
     rng = random.Random(0)
     order = list(pool)
     rounds = 0
-    while rounds < max(1, runs) or (min(timed_s.values()) < budget_s and rounds < MAX_ROUNDS):
+    while rounds < max(1, runs) or (min(v for n, v in timed_s.items() if n not in crawl)
+                                    < budget_s and rounds < MAX_ROUNDS):
         rounds += 1
         rng.shuffle(order)
         for name in order:
+            if name in crawl and rounds > CRAWL_ROUNDS:
+                continue
             fns = pool[name]
             ms, spent = _burst(fns[rounds % len(fns)], feed, 1 if name in slow else calls[name],
                                name in slow, calls_ms[name])
-            times[name].append(ms)
+            times[name][rounds] = ms
             timed_s[name] += spent
         if md.progress:  # the CLI's bar: rounds go on past ``runs`` until every budget is met
             md.progress(rounds, max(runs, rounds + 1),
                         f"bench round {rounds}: {len(pool)} variants side by side")
     if md.progress:
         md.progress(rounds, rounds, f"bench: {rounds} rounds")
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+    med = {name: statistics.median(ts.values()) for name, ts in times.items()}
     tol = md.opts.tolerance
     p95 = {name: round(percentile(ts, 95), 4) for name, ts in calls_ms.items()}
     single = {name: {"median_ms": round(med[name], 4), "p95_ms": p95[name],
@@ -181,7 +211,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     best = min(eligible) if eligible else None
     result: dict[str, Any] = {
         "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": rounds,
-        "compiles": k,
+        "compiles": {name: len(fns) for name, fns in pool.items()},
         "timed_s": {name: round(v, 3) for name, v in timed_s.items()},
         "plan": {"median_ms": round(med["plan"], 4), "p95_ms": p95["plan"],
                  "predicted_ms": round(md.plan.predicted_ms, 4),
@@ -192,7 +222,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
         "speedup_vs_best_single": round(best / med["plan"], 3) if best else None,
         # median over rounds of (single / plan) timed in the same round
         "paired_ratio": {name: round(statistics.median(
-            a / b for a, b in zip(times[name], times["plan"], strict=True)), 3)
+            ms / times["plan"][r] for r, ms in times[name].items()), 3)
             for name in pool if name != "plan"},
         "speedup_vs_best_single_paired": None,
         "predicted_vs_measured": round(md.plan.predicted_ms / med["plan"], 3),
