@@ -9,6 +9,8 @@ from pathlib import Path
 
 @dataclass
 class DispatchOptions:
+    """One model's planning settings, taken from ``[dispatch]`` (see config_sections.py)."""
+
     tolerance: float = 0.05
     metric: str = "rel_l2"
     runs: int = 7
