@@ -176,20 +176,21 @@ def counting_llama(llama_cpp: Any) -> Any:
                 start = time.perf_counter()
                 if len(tokens) <= self.n_batch and eval_step(self, tokens):
                     # a draft batch or a single token of a prompt-lookup generation
-                    self.slowest_token_s = max(self.slowest_token_s,
-                                               (time.perf_counter() - start) / len(tokens))
-                    self.steps += 1
-                    self.tokens_done += len(tokens)
+                    self._counted(start, len(tokens))
                     return
                 for i in range(0, len(tokens), self.n_batch):
                     chunk = tokens[i:i + self.n_batch]
                     self.step_tokens = len(chunk)
                     start = time.perf_counter()
                     self.eval_plain(chunk)
-                    self.slowest_token_s = max(self.slowest_token_s,
-                                               (time.perf_counter() - start) / len(chunk))
-                    self.steps += 1
-                    self.tokens_done += len(chunk)
+                    self._counted(start, len(chunk))
+
+            def _counted(self, start: float, n: int) -> None:
+                # one decode of n tokens done: the watchdog's progress and its slowest step
+                self.slowest_token_s = max(self.slowest_token_s,
+                                           (time.perf_counter() - start) / n)
+                self.steps += 1
+                self.tokens_done += n
 
             def eval_plain(self, tokens: list[int]) -> None:
                 super().eval(tokens)

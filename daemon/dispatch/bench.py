@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from edgepilot.backends.base import Target
-from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import ModelDispatch
+from edgepilot.dispatch.planning.choice import compile_plan
 from edgepilot.errors import EdgepilotError
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -98,14 +98,8 @@ def raw_runner(md: ModelDispatch) -> Runner:
 
 def plan_runner(md: ModelDispatch) -> Runner:
     """A fresh compile of the installed plan's segments (what :meth:`prepare` compiled)."""
-    assert md.plan is not None and md.part is not None
-    segs = []
-    for target, s, e in md.plan.segments:
-        parsed = Target.parse(target)
-        seg = md.part.segment(s, e)
-        segs.append(CompiledSegment(target, s, e, seg,
-                                    md.backends[parsed.backend].compile(seg, parsed), 0.0))
-    compiled = CompiledPlan(segs, md.part.outputs)
+    assert md.plan is not None and md.part is not None and md.builder is not None
+    compiled = compile_plan(md.part, md.builder, md.backends, md.plan)
     return lambda f: compiled.run(f)[0]
 
 
@@ -138,7 +132,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
             skipped[str(target)] = support.reason
             continue
         try:
-            pool[str(target)] = [backend.compile(whole, target).run]
+            pool[str(target)] = [_compile_whole(md, str(target))]
         except EdgepilotError as exc:
             skipped[str(target)] = exc.message
     try:

@@ -282,7 +282,7 @@ class ModelRegistry:
         another context is reloaded with this one once its requests are done (400 naming
         ``options.num_ctx`` past what the model and the budget allow, see :mod:`.num_ctx`)."""
         lm = self.loaded.get(name)
-        if lm is not None and (num_ctx is None or lm.n_ctx == self._total_ctx(lm, num_ctx)):
+        if lm is not None and (num_ctx is None or lm.n_ctx == self._total_ctx(lm.model, num_ctx)):
             return lm
         model = self.catalog.resolve(name)  # unknown names are a 404 before anything is kept
         lock = self._load_locks.setdefault(name, asyncio.Lock())
@@ -292,7 +292,7 @@ class ModelRegistry:
             if num_ctx is not None and model.kind == "gguf":
                 limit = await self.num_ctx_limit(model)
                 limit.check(name, num_ctx)
-                n_ctx = num_ctx * self._llama().settings.parallel
+                n_ctx = self._total_ctx(model, num_ctx)
             lm = self.loaded.get(name)
             if lm is not None and (num_ctx is None or lm.n_ctx == n_ctx):
                 return lm
@@ -320,9 +320,10 @@ class ModelRegistry:
                       **(exe.load_split or {}))
             return lm
 
-    def _total_ctx(self, lm: LoadedModel, num_ctx: int) -> int:
-        return num_ctx * self._llama().settings.parallel if lm.model.kind == "gguf" \
-            else lm.n_ctx
+    def _total_ctx(self, model: files.ResolvedModel, num_ctx: int) -> int:
+        """The context a GGUF is loaded with for a request's ``num_ctx`` (each of its
+        ``parallel`` sequences gets that much); 0 for a tensor model, which has none."""
+        return num_ctx * self._llama().settings.parallel if model.kind == "gguf" else 0
 
     async def num_ctx_limit(self, model: files.ResolvedModel) -> NumCtxLimit:
         """The largest ``options.num_ctx`` GGUF ``model`` may be loaded with now."""

@@ -42,6 +42,7 @@ def default_target(backends: BackendSet, model: files.ResolvedModel
     raise BackendError(f"no installed backend can run {model.name!r}: " + "; ".join(reasons),
                        field="model")
 
+
 def compile_whole(backends: BackendSet, model: files.ResolvedModel) -> Executable:
     """The whole model on its default target; a file that target cannot build (an op no
     runtime resolves) is an UnrunnableModel (HTTP 422) naming the file and the reason."""
