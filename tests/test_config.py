@@ -35,7 +35,9 @@ def test_unknown_keys_are_named_by_dotted_path() -> None:
      "'debug', 'info', 'warning' or 'error'"),
     ({"mqtt": {"device_id": "a/b"}}, "mqtt.device_id", "pattern"),
     ({"backends": {"llamacpp": {"speculative": "draft_model"}}},
-     "backends.llamacpp.speculative", "'off' or 'prompt_lookup'"),
+     "backends.llamacpp.speculative", "'off', 'prompt_lookup' or 'draft'"),
+    ({"backends": {"llamacpp": {"speculative": "draft", "flash_attn": True}}},
+     "backends.llamacpp.draft_model", "needs draft_model"),
     ({"backends": {"llamacpp": {"speculative": "prompt_lookup"}}},
      "backends.llamacpp.speculative", "'prompt_lookup' needs flash_attn = true"),
 ])

@@ -18,20 +18,15 @@ import numpy as np
 import pytest
 from models_fixtures import smollm2_gguf
 
-import edgepilot.backends.llamacpp.lookup as lookup_module
+import edgepilot.backends.llamacpp.speculative as speculative_module
 from edgepilot.backends.llamacpp.backend import (
     LlamaCppBackend,
     LlamaExecutable,
     LlamaWorkerExecutable,
 )
-from edgepilot.backends.llamacpp.lookup import (
-    COST_AFTER,
-    K_START,
-    OFF_AFTER,
-    PromptLookup,
-    find_draft,
-)
+from edgepilot.backends.llamacpp.lookup import K_START, PromptLookup, find_draft
 from edgepilot.backends.llamacpp.options import LlamacppSection
+from edgepilot.backends.llamacpp.speculative import COST_AFTER, OFF_AFTER
 
 # bench/gguf_lookup.py's copy task, shorter: the 135M model copies it faithfully
 TEXT = ("The board has four cores and one small GPU. It runs a daemon that serves models to the "
@@ -96,14 +91,14 @@ def test_a_copy_prompt_gives_the_plain_tokens_with_drafts_taken(
         smol: LlamaExecutable, monkeypatch: pytest.MonkeyPatch) -> None:
     # the cost rule reads the clock (a loaded machine can make batches look dear): off here,
     # so the counts compared below do not depend on timing
-    monkeypatch.setattr(lookup_module, "COST_AFTER", 1 << 30)
+    monkeypatch.setattr(speculative_module, "COST_AFTER", 1 << 30)
     plain, plain_usage = answer(smol, "off", COPY)
     text, usage = answer(smol, "prompt_lookup", COPY)
     assert text == plain and usage["completion_tokens"] == plain_usage["completion_tokens"]
     assert "completion_tokens_details" not in plain_usage
     details = usage["completion_tokens_details"]
     assert details["accepted_prediction_tokens"] >= 10, details
-    assert smol.llm.lookup.off == ""
+    assert smol.llm.drafter.off == ""
     # streamed: the same tokens, the same counts in the stream's usage
     smol.llm.speculative = "prompt_lookup"
     stream = smol.chat(COPY, max_tokens=48, temperature=0, stream=True)
@@ -114,20 +109,20 @@ def test_a_copy_prompt_gives_the_plain_tokens_with_drafts_taken(
 
 def test_a_free_form_prompt_stops_drafting(smol: LlamaExecutable,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lookup_module, "COST_AFTER", 1 << 30)  # the acceptance rule alone
+    monkeypatch.setattr(speculative_module, "COST_AFTER", 1 << 30)  # the acceptance rule alone
     _, usage = answer(smol, "prompt_lookup", FREE)
     details = usage["completion_tokens_details"]
-    assert smol.llm.lookup.off == "acceptance"
+    assert smol.llm.drafter.off == "acceptance"
     assert details["rejected_prediction_tokens"] > details["accepted_prediction_tokens"]
     # only the rounds before the judgement drafted: far fewer drafts than tokens answered
-    assert smol.llm.lookup.rounds == OFF_AFTER
+    assert smol.llm.drafter.rounds == OFF_AFTER
     assert details["accepted_prediction_tokens"] + details["rejected_prediction_tokens"] < \
         usage["completion_tokens"]
 
 
 def test_only_greedy_requests_draft(smol: LlamaExecutable) -> None:
     _, usage = answer(smol, "prompt_lookup", COPY, 12, temperature=0.7, seed=1)
-    assert "completion_tokens_details" not in usage and smol.llm.lookup is None
+    assert "completion_tokens_details" not in usage and smol.llm.drafter is None
     _, usage = answer(smol, "prompt_lookup", COPY, 12, logprobs_top=2)
     assert "completion_tokens_details" not in usage
 

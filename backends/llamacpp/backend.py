@@ -14,9 +14,11 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from edgepilot.backends.base import Backend, Executable, Segment, Support, Target
 from edgepilot.backends.llamacpp.adapters import LoraSet
+from edgepilot.backends.llamacpp.draft_model import DraftContext
 from edgepilot.backends.llamacpp.executable import LlamaExecutable, TokenStream
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.parallel import LlamaBatchExecutable
@@ -32,9 +34,10 @@ from edgepilot.backends.llamacpp.runtime import (
     usage_of,
 )
 from edgepilot.backends.llamacpp.spare import SparePool
-from edgepilot.errors import BackendError
+from edgepilot.errors import BackendError, EdgepilotError
 from edgepilot.formats.files import sha256_of
 from edgepilot.formats.gguf_info import GgufInfo, read_gguf_info
+from edgepilot.formats.gguf_vocab import check_same_vocab
 
 # the pieces live in runtime/executable/batch/parallel; this is the backend's public face
 __all__ = ["LLAMA_THREAD", "NATIVE", "LlamaBatchExecutable", "LlamaCppBackend", "LlamaExecutable",
@@ -174,6 +177,10 @@ class LlamaCppBackend(Backend):
         llm.prefix_cache = self.prefix_cache_for(path) if n_seq == 1 else None
         # the batch engine of a parallel model samples in its own loop: no drafting there
         llm.speculative = s.speculative if n_seq == 1 else "off"
+        if llm.speculative == "draft":
+            llm.draft_context, llm.draft_refused = LLAMA_THREAD.call(
+                self._open_draft, llama_cpp, path, n_ctx=ctx, n_threads=llm.n_threads,
+                all_on_gpu=n_gpu < 0 or n_gpu >= info.n_layers)
         device = "gpu" if n_gpu and self.gpu_offload() else "cpu"
         log.info("llama.cpp loaded %s (ctx %d, n_gpu_layers %d, parallel %d)", path.name, ctx,
                  n_gpu, n_seq)
@@ -188,6 +195,42 @@ class LlamaCppBackend(Backend):
             exe.adapters = LLAMA_THREAD.call(LoraSet, llama_cpp, llm._model.model, path,
                                              adapters)
         return exe
+
+    def draft_path(self, path: Path) -> Path | None:
+        """The draft GGUF for a model loaded from ``path`` (``speculative = "draft"``; a
+        relative ``draft_model`` is taken from the model's directory); None without one."""
+        s = self.settings
+        if s.speculative != "draft" or s.draft_model is None:
+            return None
+        draft = s.draft_model.expanduser()
+        return draft if draft.is_absolute() else path.parent / draft
+
+    def _open_draft(self, llama_cpp: Any, path: Path, *, n_ctx: int, n_threads: int,
+                    all_on_gpu: bool) -> tuple[DraftContext | None, str]:
+        # the draft beside the model at ``path``, or None and the one line that refused it
+        # (the model serves without drafting)
+        draft = self.draft_path(path)
+        assert draft is not None
+        field = "backends.llamacpp.draft_model"
+        type_k, type_v = self.kv_type_ids()
+        try:
+            if not draft.is_file():
+                raise BackendError(f"{field}: draft file {draft} does not exist", field=field)
+            check_same_vocab(path, draft, field=field)
+            context = DraftContext(llama_cpp, draft, n_ctx=n_ctx, n_threads=n_threads,
+                                   n_gpu_layers=-1 if all_on_gpu else 0,
+                                   flash_attn=self.settings.flash_attn, type_k=type_k,
+                                   type_v=type_v)
+        except EdgepilotError as exc:
+            log.warning("%s: draft model refused, serving without drafting: %s", path.name,
+                        exc.message)
+            return None, exc.message
+        except (ValueError, RuntimeError) as exc:
+            why = f"{field}: llama.cpp could not load the draft {draft.name}: {exc}"
+            log.warning("%s: draft model refused, serving without drafting: %s", path.name, why)
+            return None, why
+        log.info("%s: draft model %s loaded (speculative = 'draft')", path.name, draft.name)
+        return context, ""
 
     def prefix_cache_for(self, path: Path) -> PrefixCache | None:
         """The cache of earlier prompts' KV states for a model loaded from ``path`` (None:

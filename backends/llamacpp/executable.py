@@ -138,6 +138,9 @@ class LlamaExecutable(GenerativeExecutable):
         llama_cpp.llama_set_n_threads(llm.ctx, n_threads, n_threads)
         llm.n_threads = llm.n_threads_batch = n_threads
         llm.context_params.n_threads = llm.context_params.n_threads_batch = n_threads
+        draft = getattr(llm, "draft_context", None)
+        if draft is not None:  # speculative = "draft": the draft runs on the same cores
+            draft.set_threads(n_threads)
         self.n_threads = n_threads
 
     def adapter_of(self, params: dict[str, Any]) -> str:
@@ -268,6 +271,10 @@ class LlamaExecutable(GenerativeExecutable):
             cache = getattr(self.llm, "prefix_cache", None)
             if cache is not None:
                 LLAMA_THREAD.call(cache.close, self.llm)  # spilled to disk when asked for
+            draft = getattr(self.llm, "draft_context", None)
+            if draft is not None:
+                LLAMA_THREAD.call(draft.close)
+                self.llm.draft_context = None
             close = getattr(self.llm, "close", None)
             if close is not None:
                 LLAMA_THREAD.call(close)

@@ -6,6 +6,7 @@ edgepilot.config composes it into ``[backends]``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -62,16 +63,26 @@ class LlamacppSection(BackendOptions):
                     "it), so a GGUF load or a worker restart skips starting the interpreter "
                     "and importing llama-cpp-python. ps shows it as "
                     "`edgepilot worker llamacpp (spare)`.")
-    speculative: Literal["off", "prompt_lookup"] = Field(
+    speculative: Literal["off", "prompt_lookup", "draft"] = Field(
         "off",
-        description="Speculative decoding, 'off' or 'prompt_lookup' (experimental, parallel = "
-                    "1 only): greedy requests (temperature 0) draft tokens copied from their "
-                    "own prompt and output and verify them in one batch; a request whose "
-                    "drafts are mostly rejected stops drafting. usage."
-                    "completion_tokens_details counts the drafted tokens taken and rejected. "
-                    "Needs flash_attn = true; answers equal the plain path's with 1 thread "
-                    "(with more, long contexts can differ at a near tie). Figures: "
-                    "bench/README.md.")
+        description="Speculative decoding (experimental, parallel = 1 only): 'off'; "
+                    "'prompt_lookup': greedy requests (temperature 0) draft tokens copied from "
+                    "their own prompt and output; 'draft': a second, smaller GGUF of the same "
+                    "vocabulary (draft_model) drafts them greedily in a context of its own. "
+                    "Either way the model verifies the drafts in one batch, and a request "
+                    "whose drafts are mostly rejected, or cost more than they save, stops "
+                    "drafting. usage.completion_tokens_details counts the drafted tokens taken "
+                    "and rejected. Needs flash_attn = true; answers equal the plain path's "
+                    "with 1 thread (with more, long contexts can differ at a near tie). "
+                    "Figures: bench/README.md.")
+    draft_model: Path | None = Field(
+        None, validate_default=True,
+        description="speculative = 'draft': the draft GGUF, absolute or relative to the "
+                    "directory of the model it drafts for. It must have the model's token "
+                    "table (size and every token's text); one that does not is refused at "
+                    "load with one line, and the model serves without drafting. Loaded beside "
+                    "each GGUF model, with its n_ctx and thread count; its weights and KV "
+                    "cache count in the model's memory estimate.")
 
     @field_validator("speculative")
     @classmethod
@@ -79,10 +90,19 @@ class LlamacppSection(BackendOptions):
         # without flash attention llama.cpp's CPU attention gives a token decoded in a batch
         # other logits (up to 0.9 apart, measured) than the same token decoded alone, so
         # drafts would change greedy answers; with it they are equal (bench/README.md)
-        if value == "prompt_lookup" and not info.data.get("flash_attn"):
-            raise ValueError("'prompt_lookup' needs flash_attn = true (without flash attention "
+        if value != "off" and not info.data.get("flash_attn"):
+            raise ValueError(f"{value!r} needs flash_attn = true (without flash attention "
                              "a batched decode gives other logits than single-token decodes, "
-                             "and the answers would change); allowed: 'off', 'prompt_lookup'")
+                             "and the answers would change); allowed: 'off', 'prompt_lookup', "
+                             "'draft'")
+        return value
+
+    @field_validator("draft_model")
+    @classmethod
+    def _draft_needs_a_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None and info.data.get("speculative") == "draft":
+            raise ValueError("speculative = 'draft' needs draft_model, the draft GGUF file (a "
+                             "smaller model of the same vocabulary)")
         return value
 
     isolation: Isolation = Field(

@@ -16,13 +16,10 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from edgepilot.backends.base import BackendUnavailable
-from edgepilot.backends.llamacpp.lookup import (
-    PromptLookup,
-    eval_step,
-    lookup_usage,
-    may_draft,
-)
+from edgepilot.backends.llamacpp.draft_model import DraftContext, DraftModel
+from edgepilot.backends.llamacpp.lookup import PromptLookup
 from edgepilot.backends.llamacpp.prefix_cache import PrefixCache, common_prefix
+from edgepilot.backends.llamacpp.speculative import Drafter, draft_usage, eval_step, may_draft
 from edgepilot.backends.native_log import route_llama_logs
 from edgepilot.errors import ContextOverflow
 
@@ -143,10 +140,13 @@ def counting_llama(llama_cpp: Any) -> Any:
                 # the slowest time per token of a step, measured here (the daemon's estimate
                 # from heartbeats misses requests that end between two beats)
                 self.slowest_token_s = 0.0
-                # [backends.llamacpp] speculative; the last generation's drafter (None: it
-                # did not draft)
+                # [backends.llamacpp] speculative; the draft model's context ("draft"; None:
+                # none, or refused: draft_refused says why); the last generation's drafter
+                # (None: it did not draft)
                 self.speculative = "off"
-                self.lookup: PromptLookup | None = None
+                self.draft_context: DraftContext | None = None
+                self.draft_refused = ""
+                self.drafter: Drafter | None = None
                 self.single_decode_s: float | None = None  # running, for the drafter
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
@@ -155,16 +155,17 @@ def counting_llama(llama_cpp: Any) -> Any:
                 if cache is not None:
                     cache.before(self, tokens)
                 self.prompt_cached = reused_prefix(self, tokens)
-                lookup = self.lookup = PromptLookup(self.single_decode_s) if (
-                    self.speculative == "prompt_lookup" and not args and may_draft(kwargs)
-                ) else None
+                drafter = self.drafter = drafter_for(self) if (
+                    not args and may_draft(kwargs)) else None
                 # llama-cpp-python's draft-model hook: drafts after each sampled token, the
                 # batch verified position by position, the rejected part removed from the KV
-                self.draft_model = lookup
+                self.draft_model = drafter
                 try:
                     return (yield from super().generate(tokens, *args, **kwargs))
                 finally:
                     self.draft_model = None
+                    if drafter is not None:
+                        drafter.finish()
                     if cache is not None:
                         cache.dirty = True
 
@@ -175,7 +176,7 @@ def counting_llama(llama_cpp: Any) -> Any:
                 self.step_tokens = len(tokens)
                 start = time.perf_counter()
                 if len(tokens) <= self.n_batch and eval_step(self, tokens):
-                    # a draft batch or a single token of a prompt-lookup generation
+                    # a draft batch or a single token of a drafting generation
                     self._counted(start, len(tokens))
                     return
                 for i in range(0, len(tokens), self.n_batch):
@@ -198,11 +199,11 @@ def counting_llama(llama_cpp: Any) -> Any:
             def sample(self, *args: Any, **kwargs: Any) -> Any:
                 token = super().sample(*args, **kwargs)
                 idx = kwargs.get("idx")
-                lookup = self.draft_model
-                if isinstance(lookup, PromptLookup) and idx is not None and \
+                drafter = self.draft_model
+                if isinstance(drafter, Drafter) and idx is not None and \
                         idx + 1 < self.n_tokens:
                     # a drafted position follows: taken when the sampler chose the draft
-                    lookup.checked(int(token) == int(self.input_ids[idx + 1]))
+                    drafter.checked(int(token) == int(self.input_ids[idx + 1]))
                 if not self.sampled:
                     # generate() evaluates the whole prompt before its first sample
                     self.prompt_len = int(self.n_tokens)
@@ -212,6 +213,16 @@ def counting_llama(llama_cpp: Any) -> Any:
 
         _counting_class = CountingLlama
     return _counting_class
+
+
+def drafter_for(llm: Any) -> Drafter | None:
+    """A new drafter for the next generation of a counting llama, by its ``speculative``
+    setting (None: off, or a draft model that was refused)."""
+    if llm.speculative == "prompt_lookup":
+        return PromptLookup(llm.single_decode_s)
+    if llm.speculative == "draft" and llm.draft_context is not None:
+        return DraftModel(llm.draft_context, llm.single_decode_s)
+    return None
 
 
 def reused_prefix(llm: Any, tokens: list[int]) -> int:
@@ -247,10 +258,10 @@ def usage_of(llm: Any, *, empty_prompt: bool = False) -> dict[str, Any]:
 def with_cached(usage: dict[str, Any], llm: Any) -> dict[str, Any]:
     """``usage`` with OpenAI's ``prompt_tokens_details.cached_tokens``: the prompt tokens the
     last generation of ``llm`` reused from the KV cache instead of evaluating them, and (a
-    generation that drafted by prompt lookup) ``completion_tokens_details``: its drafted tokens
-    taken and rejected."""
+    generation that drafted) ``completion_tokens_details``: its drafted tokens taken and
+    rejected."""
     usage["prompt_tokens_details"] = {"cached_tokens": int(getattr(llm, "prompt_cached", 0))}
-    drafts = lookup_usage(getattr(llm, "lookup", None))
+    drafts = draft_usage(getattr(llm, "drafter", None))
     if drafts is not None:
         usage["completion_tokens_details"] = drafts
     return usage
@@ -291,7 +302,7 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None,
             scores[eos] = 0.0
         return scores
 
-    check.draft_safe = True  # type: ignore[attr-defined]  # reads no tokens: lookup may draft
+    check.draft_safe = True  # type: ignore[attr-defined]  # reads no tokens: drafting may go on
 
     llama_cpp = import_llama_cpp()
     processors = llama_cpp.LogitsProcessorList([*(params.get("logits_processor") or []), check])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -46,6 +46,10 @@ class GgufSpec:
     tokenizer: Tokenizer = "spm"
     weight_type: WeightType = "q8_0"
     seed: int = 0
+    # another GGUF whose tokenizer (token table, merges, special ids, chat template) is copied
+    # instead of the generated one: a random model of a real model's vocabulary (``tokenizer``
+    # is then ignored)
+    tokenizer_from: Path | None = None
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -104,6 +108,54 @@ def _bpe_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, [int(t) for t in types], merges
 
 
+def _write_tokenizer(w: Any, tokenizer: Tokenizer) -> int:
+    """Write the generated tokenizer and the chat template; the vocabulary size."""
+    w.add_chat_template(CHAT_TEMPLATE)
+    if tokenizer == "spm":
+        tokens, scores, types = _spm_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(tokens.index("<|im_end|>"))
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+    else:
+        tokens, types, merges = _bpe_vocab()
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(tokens.index("<|begin_of_text|>"))
+        w.add_eos_token_id(tokens.index("<|im_end|>"))
+        w.add_add_bos_token(True)
+    return len(tokens)
+
+
+def _copy_tokenizer(w: Any, source: Path) -> int:
+    """Copy every ``tokenizer.*`` key of ``source`` into ``w``; the vocabulary size."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    n_vocab = 0
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = field.contents()
+        w.add_key_value(key, value, vtype, sub_type=sub)
+        if key == "tokenizer.ggml.tokens":
+            n_vocab = len(value)
+    if "tokenizer.chat_template" not in reader.fields:
+        w.add_chat_template(CHAT_TEMPLATE)
+    if not n_vocab:
+        raise ValueError(f"{source} has no token table (tokenizer.ggml.tokens) to copy")
+    return n_vocab
+
+
 def write_gguf(path: Path, spec: GgufSpec | None = None) -> Path:
     """Write a random-weight llama GGUF to ``path`` and return it."""
     import gguf
@@ -131,28 +183,10 @@ def write_gguf(path: Path, spec: GgufSpec | None = None) -> Path:
     w.add_rope_dimension_count(spec.n_embd // spec.n_heads)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(ftype)
-    w.add_chat_template(CHAT_TEMPLATE)
-    if spec.tokenizer == "spm":
-        tokens, scores, types = _spm_vocab()
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(tokens.index("<|im_end|>"))
-        w.add_unk_token_id(0)
-        w.add_add_bos_token(True)
+    if spec.tokenizer_from is not None:
+        n_vocab = _copy_tokenizer(w, spec.tokenizer_from)
     else:
-        tokens, types, merges = _bpe_vocab()
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(tokens.index("<|begin_of_text|>"))
-        w.add_eos_token_id(tokens.index("<|im_end|>"))
-        w.add_add_bos_token(True)
-    n_vocab = len(tokens)
+        n_vocab = _write_tokenizer(w, spec.tokenizer)
     head_dim = spec.n_embd // spec.n_heads
     n_embd_kv = head_dim * spec.n_kv_heads
 

@@ -146,10 +146,22 @@ class ModelRegistry:
             info = read_gguf_info(model.path)
             llama = self._llama()
             kv = llama.settings.kv_cache_type
-            return info.estimate_bytes(n_ctx, kv), (
+            need, detail = info.estimate_bytes(n_ctx, kv), (
                 f"weights {info.weights_bytes / MiB:.1f} MiB + KV cache "
                 f"{info.kv_bytes(n_ctx, kv) / MiB:.1f} MiB = 2 x {info.n_layers} layers x "
                 f"{n_ctx} ctx x {info.n_kv_heads} kv_heads x {info.head_dim} head_dim x {kv}")
+            # speculative = "draft": the draft loads beside the model with the same context
+            # (a parallel model does not draft; a draft refused at load is still counted)
+            draft = llama.draft_path(model.path) if llama.settings.parallel == 1 else None
+            try:
+                d_info = read_gguf_info(draft) if draft is not None and draft.is_file() else None
+            except ModelError:  # not a GGUF: the load refuses it, the model loads alone
+                d_info = None
+            if d_info is not None and draft is not None:
+                extra = d_info.estimate_bytes(n_ctx, kv)
+                need += extra
+                detail += f" + draft model {draft.name} {extra / MiB:.1f} MiB"
+            return need, detail
         memory = tensor_memory(model.path, model.kind)  # model + packed weights + activations
         return memory.total_bytes, memory.detail()
 
