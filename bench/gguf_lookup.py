@@ -145,6 +145,7 @@ def bench_lookup(path: Path, threads: int, rounds: int, max_tokens: int,
         texts: dict[str, str] = {}
         usage: dict[str, Any] = {}
         off: dict[str, str | None] = {}
+        cost: dict[str, float] = {}
         for r in range(rounds):
             for side in sides if r % 2 == 0 else sides[::-1]:
                 _answer(side, models[side], msgs, 2)  # the prompt in the KV: decode is timed
@@ -153,6 +154,11 @@ def bench_lookup(path: Path, threads: int, rounds: int, max_tokens: int,
                 if side.startswith("edgepilot"):
                     drafter = exe.llm.drafter
                     off[side] = drafter.off if drafter is not None else None
+                    if drafter is not None and drafter.produced and drafter.single_s:
+                        # the cost rule's view: drafting's time per token it produced,
+                        # against a single-token decode of the model
+                        cost[side] = round(drafter.batch_s / drafter.produced
+                                           / drafter.single_s, 2)
         med = {s: statistics.median(v) for s, v in times.items()}
         res[task] = {
             "seconds": {s: round(v, 3) for s, v in med.items()},
@@ -163,13 +169,15 @@ def bench_lookup(path: Path, threads: int, rounds: int, max_tokens: int,
             "raw_identical": texts["raw lookup"] == texts["raw plain"],
             "edgepilot_plain_equals_raw_plain": texts["edgepilot plain"] == texts["raw plain"],
             "drafts": usage["edgepilot lookup"].get("completion_tokens_details"),
-            "switched_off": off["edgepilot lookup"]}
+            "switched_off": off["edgepilot lookup"],
+            "cost_per_produced": cost.get("edgepilot lookup")}
         if draft is not None:
             res[task].update({
                 "draft_speedup": round(med["edgepilot plain"] / med[DRAFT_SIDE], 3),
                 "draft_identical": texts[DRAFT_SIDE] == texts["edgepilot plain"],
                 "draft_drafts": usage[DRAFT_SIDE].get("completion_tokens_details"),
-                "draft_switched_off": off[DRAFT_SIDE]})
+                "draft_switched_off": off[DRAFT_SIDE],
+                "draft_cost_per_produced": cost.get(DRAFT_SIDE)})
     same = []
     for prompt in IDENTITY:
         msgs = [{"role": "user", "content": prompt}]
@@ -204,7 +212,8 @@ def report(res: dict[str, Any]) -> list[str]:
             lines.append(
                 f"draft       {task}: edgepilot x{r['draft_speedup']} with {res['draft']} "
                 f"(identical {r['draft_identical']}, drafts {r['draft_drafts']}, off: "
-                f"{r['draft_switched_off'] or '-'})")
+                f"{r['draft_switched_off'] or '-'}, drafting cost per token it produced "
+                f"{r['draft_cost_per_produced']} of a single decode)")
     ids = res["free_form_identity"]
     lines.append(f"lookup      free-form identity: {sum(i['identical'] for i in ids)}/{len(ids)} "
                  "prompts identical to edgepilot's plain path")

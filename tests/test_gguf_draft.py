@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from models_fixtures import gguf_path, make_daemon, smollm2_gguf  # noqa: F401 - fixtures
 
+import edgepilot.backends.llamacpp.draft_model as draft_model
 import edgepilot.backends.llamacpp.speculative as speculative
 from edgepilot.backends.llamacpp.backend import (
     LlamaCppBackend,
@@ -125,8 +126,9 @@ def test_a_missing_draft_file_is_refused_at_load(tmp_path: Path) -> None:
 # ---- drafting on the real model ---------------------------------------------------------------
 def test_the_model_drafting_for_itself_gives_the_plain_tokens_all_drafts_taken(
         self_drafted: LlamaExecutable, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the cost rule reads the clock (a self-draft costs as much as the model): off here
+    # the cost rules read the clock (a self-draft costs as much as the model): off here
     monkeypatch.setattr(speculative, "COST_AFTER", 1 << 30)
+    monkeypatch.setattr(draft_model, "DRAFT_COST_MAX", float("inf"))
     for messages in (COPY, FREE):
         plain, plain_usage = answer(self_drafted, "off", messages)
         text, usage = answer(self_drafted, "draft", messages)
@@ -141,9 +143,31 @@ def test_the_model_drafting_for_itself_gives_the_plain_tokens_all_drafts_taken(
     assert held == [int(t) for t in self_drafted.llm.input_ids[:len(held)]]
 
 
+def test_a_draft_too_dear_to_pay_is_not_run_but_probed_now_and_then(
+        self_drafted: LlamaExecutable) -> None:
+    llm = self_drafted.llm
+    context = llm.draft_context
+    plain, _ = answer(self_drafted, "off", FREE, 24)
+    # as timed: a draft decode at 10x the model's single-token decode
+    llm.single_decode_s, context.decode_s = 0.001, 0.01
+    context.requests = 0
+    held = list(context.held)
+    text, usage = answer(self_drafted, "draft", FREE, 24)
+    assert text == plain and llm.drafter.off == "cost" and llm.drafter.drafted == 0
+    assert usage["completion_tokens_details"] == {"accepted_prediction_tokens": 0,
+                                                  "rejected_prediction_tokens": 0}
+    assert context.held == held  # not even synced with the prompt
+    # every PROBE_EVERY-th request drafts anyway, and times the draft again
+    context.requests = draft_model.PROBE_EVERY - 1
+    llm.single_decode_s, context.decode_s = 0.001, 0.01
+    text, usage = answer(self_drafted, "draft", FREE, 24)
+    assert text == plain and llm.drafter.drafted > 0 and context.decode_s != 0.01
+
+
 def test_a_noise_draft_stops_drafting_with_the_plain_tokens(
         noise_draft: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(speculative, "COST_AFTER", 1 << 30)  # the acceptance rule alone
+    monkeypatch.setattr(draft_model, "DRAFT_COST_MAX", float("inf"))
     exe = open_with(noise_draft)
     try:
         assert exe.llm.draft_context is not None, exe.llm.draft_refused

@@ -24,6 +24,14 @@ import numpy as np
 from edgepilot.backends.llamacpp.speculative import EMPTY, Drafter
 
 K_START = 2  # a draft token costs a draft decode: start short, grow when they are taken
+# A draft whose single-token decode costs more than this share of the model's cannot pay on a
+# CPU: a fully taken batch of 17 costs 8.4-11.4 single decodes of the model there
+# (bench/README.md), so 16 drafts must cost under 0.35-0.54 of a decode each even when all are
+# taken. Such a draft is not run at all (checked before each request drafts); every
+# PROBE_EVERY-th request drafts anyway, to time it again.
+DRAFT_COST_MAX = 0.4
+PROBE_EVERY = 32
+EMA = 0.2  # weight of a new draft decode time in the running figure
 
 
 class DraftContext:
@@ -43,6 +51,8 @@ class DraftContext:
         self.n_ctx = int(self.llm.n_ctx())
         self.n_vocab = int(self.llm.n_vocab())
         self.held: list[int] = []  # the tokens in the draft's KV cache, by position
+        self.decode_s: float | None = None  # running time of one single-token draft decode
+        self.requests = 0  # requests that asked it for drafts
 
     def set_threads(self, n_threads: int) -> None:
         self._llama_cpp.llama_set_n_threads(self.llm.ctx, n_threads, n_threads)
@@ -86,15 +96,28 @@ class DraftContext:
             out.append(token)
             if i == k - 1 or llama_cpp.llama_vocab_is_eog(vocab, token):
                 break
+            start = time.perf_counter()
             self._decode([token])
+            took = time.perf_counter() - start
+            prev = self.decode_s
+            self.decode_s = took if prev is None else (1 - EMA) * prev + EMA * took
         return out
+
+    def too_dear(self, single_s: float | None) -> bool:
+        """Whether a draft decode costs more than :data:`DRAFT_COST_MAX` of the model's
+        single-token decode ``single_s`` (False until both were timed)."""
+        if self.decode_s is None or single_s is None:
+            return False
+        return self.decode_s > DRAFT_COST_MAX * single_s
 
 
 class DraftModel(Drafter):
     """One request's draft-model drafter: :class:`DraftContext` behind the shared verifier.
 
     The draft's first sync decodes the request's prompt; that is paid once whatever drafting
-    does after, so it is kept apart (``prefill_s``) from the cost the switch-off rule judges."""
+    does after, so it is kept apart (``prefill_s``) from the cost the switch-off rule judges.
+    A draft too dear to pay (:meth:`DraftContext.too_dear`) is switched off for the request
+    before it syncs ("cost"), but for every :data:`PROBE_EVERY`-th request."""
 
     k_start = K_START
     kind = "draft"
@@ -103,6 +126,8 @@ class DraftModel(Drafter):
         super().__init__(single_s)
         self.context = context
         self.prefill_s: float | None = None
+        context.requests += 1
+        self.probe = context.requests % PROBE_EVERY == 0
 
     def propose(self, ids: np.ndarray, k: int) -> np.ndarray:
         context = self.context
@@ -110,6 +135,9 @@ class DraftModel(Drafter):
         # the draft cache holds the tokens and all drafts but the last
         k = min(k, context.n_ctx - len(tokens) + 1)
         if k <= 0 or not tokens:
+            return EMPTY
+        if not self.probe and context.too_dear(self.single_s):
+            self.off = "cost"
             return EMPTY
         if self.prefill_s is None:
             start = time.perf_counter()
