@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from edgepilot.backends.base import Backend, Executable, Segment, Support, Targe
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
 from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer
+from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.formats import onnx_gen
 
 mlp_path = dispatch_fixtures.mlp_path
@@ -106,3 +108,58 @@ def test_a_target_far_slower_than_the_best_stops_at_its_first_run(
         assert row[str(SLOW)].error is not None and row[str(SLOW)].error < 1e-5
     assert table.overhead_ms[str(SLOW)] == 0.0
     assert table.extra["whole_ms"][str(SLOW)] >= 60
+
+
+class _Traced(Executable):
+    """A compiled segment of the real runtime that notes, for every run, the feed it was
+    handed and the functions that called it (so a test sees which procedure timed it)."""
+
+    def __init__(self, inner: Executable, whole: bool, runs: list[tuple[bool, int, set[str]]]
+                 ) -> None:
+        self.inner, self.whole, self.runs = inner, whole, runs
+        self.target, self.inputs, self.outputs = inner.target, inner.inputs, inner.outputs
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        callers, frame = set(), sys._getframe(1)
+        while frame is not None:
+            callers.add(frame.f_code.co_name)
+            frame = frame.f_back
+        self.runs.append((self.whole, id(inputs), callers))
+        return self.inner.run(inputs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _TracedBackend(OnnxRuntimeBackend):
+    """The real onnxruntime backend, its executables traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[tuple[bool, int, set[str]]] = []
+
+    def compile(self, segment: Segment, target: Target) -> Executable:
+        return _Traced(super().compile(segment, target), segment.is_whole, self.runs)
+
+
+def test_a_whole_model_is_timed_as_its_plan_is_checked(mlp_path: Path) -> None:
+    """A single-target plan is predicted by the profile's timing of that target's whole model
+    and compared with the plan's own check: both are taken by one procedure (the plan's
+    executor, time_plan's warm-up and median) on one feed, never the bare executable's
+    lowest short median on another copy of the inputs."""
+    backend = _TracedBackend()
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": backend}, [FP32],
+                       DispatchOptions(runs=3, warmup=1, passes=2))
+    plan = md.prepare()
+    assert plan.segments == [(str(FP32), 0, len(plan.targets))]
+    timers = {"median_ms", "time_plan"}
+    timed = [(feed, callers) for whole, feed, callers in backend.runs
+             if whole and callers & timers]
+    profile = [(feed, callers) for feed, callers in timed if "table" in callers]
+    check = [(feed, callers) for feed, callers in timed if "_build" in callers]
+    assert profile and check
+    for feed, callers in profile + check:
+        assert callers & timers == {"time_plan"} and "_run_whole" in callers
+        assert feed == id(md.calibration[0])
+    assert md.builder is not None
+    assert plan.predicted_ms == md.builder.profile.extra["whole_ms"][str(FP32)]

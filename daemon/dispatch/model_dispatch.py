@@ -26,8 +26,8 @@ from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
-from edgepilot.dispatch.measuring.calibration import plan_timing
 from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer, Progress
+from edgepilot.dispatch.measuring.timing import plan_timing
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin

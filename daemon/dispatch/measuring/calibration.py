@@ -12,11 +12,8 @@ predicted/measured pair never shares a measurement.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
-
-from edgepilot.dispatch.execution.executor import CompiledPlan
 
 # the most recent observations per target that the ratio is taken over (clocks and load move)
 KEEP = 9
@@ -96,47 +93,3 @@ class Calibration:
             cal.add(Observation(**item))
         return cal
 
-
-def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: int = 1,
-              min_total_ms: float = 3.0, max_runs: int = 300,
-              fastest: list[float] | None = None) -> tuple[float, list[float]]:
-    """Median end-to-end ms of ``compiled`` and the median ms of each of its segments.
-
-    Short plans get more runs (at least ``min_total_ms`` of timed wall time), like the profiler
-    gives short layers, so both sides of predicted/measured are timed the same way.
-    ``fastest``, when given, is filled with the fastest run: end to end, then per segment.
-    """
-    for _ in range(max(0, warmup)):
-        compiled.run(feed)
-    totals: list[float] = []
-    per: list[list[float]] = [[] for _ in compiled.segments]
-    want = max(1, runs)
-    while len(totals) < want:
-        t0 = time.perf_counter()
-        _, times = compiled.run(feed)
-        totals.append((time.perf_counter() - t0) * 1e3)
-        for k, ms in enumerate(times):
-            per[k].append(ms)
-        if len(totals) == want and sum(totals) < min_total_ms:
-            avg = sum(totals) / len(totals)
-            want = min(max_runs, max(want, int(min_total_ms / max(avg, 1e-6)) + 1))
-    if fastest is not None:
-        fastest[:] = [min(totals), *(min(p) if p else 0.0 for p in per)]
-    return statistics.median(totals), [statistics.median(p) if p else 0.0 for p in per]
-
-
-# a plan made here is timed for at least this long: the fastest run it publishes is what a
-# board of the same kind verifies against, and on a busy machine a few runs may all be slowed
-SETTLE_MS = 300.0
-
-
-def plan_timing(compiled: CompiledPlan, feed: dict[str, Any], runs: int, settle: bool = False
-                ) -> tuple[float, list[float], list[float]]:
-    """:func:`time_plan` of a plan just checked (its output check ran it, so no warm-up) with
-    its fastest run, end to end then per segment; ``settle``: a plan made here, timed after a
-    warm-up run for :data:`SETTLE_MS` at least."""
-    from edgepilot.dispatch.measuring.measure import MAX_RUNS, MIN_TIMED_MS
-
-    fastest: list[float] = []
-    return (*time_plan(compiled, feed, runs, int(settle), SETTLE_MS if settle else MIN_TIMED_MS,
-                       MAX_RUNS, fastest), fastest)

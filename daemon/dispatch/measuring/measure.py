@@ -19,8 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.backends.base import Backend, Executable, Target
+from edgepilot.backends.base import Backend, Executable, Segment, Target
+from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.measuring.timing import MAX_RUNS, MIN_TIMED_MS, plan_timing
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
 
@@ -62,11 +64,6 @@ class LatencyTable:
         data = dict(data)
         data["cells"] = [{t: Cell(**c) for t, c in row.items()} for row in data["cells"]]
         return cls(**data)
-
-
-# short layers get more timed runs: at least this much timed wall time, at most MAX_RUNS runs
-MIN_TIMED_MS = 3.0
-MAX_RUNS = 300
 
 
 # early elimination: after this many timed runs, a candidate this many times slower than the
@@ -191,9 +188,10 @@ class Measurer:
         return self._ref_envs
 
     def measure(self, start: int, end: int, target: Target,
-                bound_ms: float | None = None) -> Cell:
+                bound_ms: float | None = None, as_plan: bool = False) -> Cell:
         """Compile layers ``[start, end)`` on ``target``, time it and measure its error
-        (timing stops early once it is over ``bound_ms``: see :func:`median_ms`)."""
+        (timing stops early once it is over ``bound_ms``: see :func:`median_ms`). ``as_plan``:
+        timed as a plan of that one segment is checked (``timing.py``), not as a layer."""
         backend = self.backends[target.backend]
         seg = self.part.segment(start, end)
         support = backend.supports(seg, target)
@@ -222,6 +220,8 @@ class Measurer:
                     # (Arm NN CpuRef, seconds a run) is not run on the other calibration
                     # inputs, warmed up and timed on top of it; its error is this input's
                     return Cell(first_ms, err, exe.memory_bytes)
+            if as_plan:
+                return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
             feed = envs[0]
             ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS,
                            bound_ms)
@@ -230,6 +230,15 @@ class Measurer:
             return Cell(None, reason=exc.message)
         finally:
             exe.close()
+
+    def plan_ms(self, start: int, end: int, target: Target, seg: Segment,
+                exe: Executable) -> float:
+        """``exe`` timed as the plan of that one segment is checked after compiling (the same
+        executor, the first calibration feed, the same warm-up and median: ``timing.py``); a
+        single-target plan is predicted by this figure and compared with that check."""
+        plan = CompiledPlan([CompiledSegment(str(target), start, end, seg, exe, 0.0)],
+                            self.part.outputs)
+        return plan_timing(plan, self.calibration[0], self.runs, settle=True)[0]
 
     def retime(self, start: int, end: int, target: Target, cell: Cell) -> None:
         """Time ``[start, end)`` again (fresh session) and keep the faster of the two medians.
@@ -256,8 +265,9 @@ class Measurer:
     def table(self) -> LatencyTable:
         """Measure every (layer, target), the per-target overheads and the hop bandwidth.
 
-        Layers and whole models are timed in ``passes`` passes over all cells (the first one
-        also measures the errors); each cell keeps its lowest median (see :meth:`retime`).
+        Layers are timed in ``passes`` passes over all cells (the first one also measures the
+        errors); each cell keeps its lowest median (see :meth:`retime`). Each target's whole
+        model is timed once, as a plan is checked (:meth:`plan_ms`).
         """
         n = len(self.part.layers)
         names = [str(t) for t in self.targets]
@@ -296,23 +306,17 @@ class Measurer:
             done += 1
             if self.progress:
                 self.progress(done, total, f"hop overhead of {target}")
-        # each target's whole model, timed end to end: how a compiled segment compares with
-        # the sum of its layers (fusion, cache) is calibrated from these (see calibration.py)
+        # each target's whole model, timed end to end as its plan's check times it (one
+        # median over SETTLE_MS, not the lower of several short ones: see timing.py); how a
+        # compiled segment compares with the sum of its layers (fusion, cache) is calibrated
+        # from these (see calibration.py), and a single-target plan is predicted by them
         whole_cells: dict[str, Cell] = {}
         for target in self.targets:
-            whole_cells[str(target)] = self.measure(0, n, target, _bound(whole_cells)) \
-                if n > 1 else cells[0][str(target)]
+            whole_cells[str(target)] = self.measure(0, n, target, _bound(whole_cells),
+                                                    as_plan=True)
             done += 1
             if self.progress:
                 self.progress(done, total, f"whole model on {target}")
-        whole_bound = _bound(whole_cells)
-        for _ in range(1, self.passes if n > 1 else 1):
-            for target in self.targets:
-                cell = whole_cells[str(target)]
-                if whole_bound is None or (cell.ms or 0.0) <= whole_bound:
-                    # as for layers: a whole model EARLY_FACTOR x slower than the fastest
-                    # one (Arm NN CpuRef: seconds a run) is not timed again
-                    self.retime(0, n, target, cell)
         whole = {t: c.ms for t, c in whole_cells.items() if c.ms is not None}
         whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
         return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),

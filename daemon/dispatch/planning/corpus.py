@@ -31,7 +31,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgepilot.backends.base import Backend, Segment, Target
 from edgepilot.dispatch.graph.partition import Partition
-from edgepilot.dispatch.measuring.measure import MIN_TIMED_MS, median_ms
+from edgepilot.dispatch.measuring.measure import median_ms
+from edgepilot.dispatch.measuring.timing import MIN_TIMED_MS
 from edgepilot.dispatch.planning.cache import read_keyed, write_atomic
 from edgepilot.dispatch.planning.kernels import (
     KernelModel,

@@ -1,0 +1,67 @@
+"""How a compiled plan is timed: one procedure for every figure a prediction is compared with.
+
+A single-target plan is predicted by the profile's timing of that target's whole model, and
+checked by timing the compiled plan; ``bench`` then times the same plan again. Those figures
+are compared as predicted/measured, so they are taken one way: the model run through the
+plan's own executor (:class:`CompiledPlan`, whose per-call wrapper is part of what a request
+pays: 8% of a 10 µs streaming model), on the feed the plan is checked on, warmed up, over at
+least :data:`SETTLE_MS` of timed runs, and reported as the median of those runs. The profile
+once took the lower of two short medians (7 runs each) of the bare executable instead: on a
+board where other work comes and goes, the lower of two short windows is a quiet spell, and
+predictions sat 20-50% under what the same session measured a minute later.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from edgepilot.dispatch.execution.executor import CompiledPlan
+
+# short layers get more timed runs: at least this much timed wall time, at most MAX_RUNS runs
+MIN_TIMED_MS = 3.0
+MAX_RUNS = 300
+# a plan (or a whole model the profile predicts one by) is timed for at least this long: the
+# fastest run a plan publishes is what a board of the same kind verifies against, and on a
+# busy machine a few runs may all be slowed
+SETTLE_MS = 300.0
+
+
+def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: int = 1,
+              min_total_ms: float = MIN_TIMED_MS, max_runs: int = MAX_RUNS,
+              fastest: list[float] | None = None) -> tuple[float, list[float]]:
+    """Median end-to-end ms of ``compiled`` and the median ms of each of its segments.
+
+    Short plans get more runs (at least ``min_total_ms`` of timed wall time), like the profiler
+    gives short layers. ``fastest``, when given, is filled with the fastest run: end to end,
+    then per segment.
+    """
+    for _ in range(max(0, warmup)):
+        compiled.run(feed)
+    totals: list[float] = []
+    per: list[list[float]] = [[] for _ in compiled.segments]
+    want = max(1, runs)
+    while len(totals) < want:
+        t0 = time.perf_counter()
+        _, times = compiled.run(feed)
+        totals.append((time.perf_counter() - t0) * 1e3)
+        for k, ms in enumerate(times):
+            per[k].append(ms)
+        if len(totals) == want and sum(totals) < min_total_ms:
+            avg = sum(totals) / len(totals)
+            want = min(max_runs, max(want, int(min_total_ms / max(avg, 1e-6)) + 1))
+    if fastest is not None:
+        fastest[:] = [min(totals), *(min(p) if p else 0.0 for p in per)]
+    return statistics.median(totals), [statistics.median(p) if p else 0.0 for p in per]
+
+
+def plan_timing(compiled: CompiledPlan, feed: dict[str, Any], runs: int, settle: bool = False
+                ) -> tuple[float, list[float], list[float]]:
+    """:func:`time_plan` of a plan just checked (its output check ran it, so no warm-up) with
+    its fastest run, end to end then per segment; ``settle``: a plan made here (or a whole
+    model a plan will be predicted by), timed after a warm-up run for :data:`SETTLE_MS` at
+    least."""
+    fastest: list[float] = []
+    return (*time_plan(compiled, feed, runs, int(settle), SETTLE_MS if settle else MIN_TIMED_MS,
+                       MAX_RUNS, fastest), fastest)
