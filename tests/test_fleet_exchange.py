@@ -45,14 +45,15 @@ class Recorded:
         self.events.append({"type": kind, **fields})
 
 
-def published_plan(tmp_path: Path) -> tuple[dict[str, Any], Dispatcher]:
+def published_plan(tmp_path: Path, widths: tuple[int, ...] = (32, 64, 32), batch: int = 2,
+                   **dispatch: Any) -> tuple[dict[str, Any], Dispatcher]:
     """Plan a real model with a dispatcher whose exchange captures what it publishes."""
     models = tmp_path / "models"
     models.mkdir()
-    mlp_stack(models / "mlp.onnx", widths=(32, 64, 32), batch=2)
+    mlp_stack(models / "mlp.onnx", widths=widths, batch=batch)
     cfg = parse_config({"daemon": {"state_dir": str(tmp_path / "s1"), "model_dir": str(models),
                                    "demo_models": False},
-                        "dispatch": {"kernel_corpus": False, "profile_runs": 3}})
+                        "dispatch": {"kernel_corpus": False, "profile_runs": 3, **dispatch}})
     out: list[bytes] = []
     exchange = PlanExchange(lambda parts: "f" * 16, emit=Recorded(), wait_s=0)
     exchange.connect(lambda suffix, payload: out.append(payload))
@@ -177,6 +178,47 @@ def test_a_second_dispatcher_adopts_instead_of_measuring(tmp_path: Path) -> None
     assert md.part.make_real is None and md.part.nodes
     assert [lay.name for lay in md.part.layers] == doc["layers"]
     assert [e["type"] for e in emit.events] == ["plan.adopted"]
+
+
+def test_a_plan_its_digests_vouch_for_builds_no_reference(tmp_path: Path) -> None:
+    """A whole-file plan on a target other than the reference: when this board's outputs of
+    the plan hash as the publisher's did on the same inputs, its output error is the
+    published one and the fp32 reference is not built (made later only if asked for)."""
+    # int8 is several times faster than fp32 on this MLP: the plan is int8's whole file
+    doc, first = published_plan(tmp_path, widths=(256, 1024, 1024, 256), batch=8,
+                                tolerance=0.1,
+                                targets=["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"])
+    assert [s["target"] for s in doc["plan"]["segments"]] == ["onnxruntime/cpu/int8"]
+    assert doc["profile"]["reference"] == "onnxruntime/cpu/fp32"
+    assert len(doc["inputs_sha256"]) == len(doc["outputs_sha256"]) == 64
+    error = doc["plan"]["error"]
+    assert 0 < error < 0.1
+
+    def adopt(published: dict[str, Any], state: str) -> ModelDispatch:
+        ex, emit = offer(published)
+        board = second_board(tmp_path, first, ex, state)
+        body = board.plan_for("mlp")
+        assert body["reason"] == "fleet" and [e["type"] for e in emit.events] == ["plan.adopted"]
+        md = board.latest("mlp")
+        assert isinstance(md, ModelDispatch) and md.plan is not None
+        return md
+
+    md = adopt(doc, "s2")
+    assert md._ref_outputs is None and md.plan.error == error  # vouched: nothing built
+    assert md.compiled is not None
+    assert md.check_error(md.compiled) == pytest.approx(error, rel=1e-6)  # the reference, now
+    assert md._ref_outputs is not None
+    # one bit of the outputs otherwise: the reference is built and the error measured here
+    other = copy.deepcopy(doc)
+    other["outputs_sha256"] = ("0" if doc["outputs_sha256"][0] != "0" else "1") + \
+        doc["outputs_sha256"][1:]
+    md = adopt(other, "s3")
+    assert md._ref_outputs is not None and md.plan.error == pytest.approx(error, rel=1e-6)
+    # other calibration inputs: the digest says nothing here, the reference is built first
+    other = copy.deepcopy(doc)
+    other["inputs_sha256"] = "0" * 64
+    md = adopt(other, "s4")
+    assert md._ref_outputs is not None and md.plan.error == pytest.approx(error, rel=1e-6)
 
 
 def test_published_layer_names_this_file_does_not_cut_are_refused(tmp_path: Path) -> None:

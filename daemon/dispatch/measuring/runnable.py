@@ -28,6 +28,11 @@ Feed = dict[str, np.ndarray]
 def reference_for(part: Partition, backends: Mapping[str, Backend], targets: list[Target],
                   feeds: Sequence[Feed]) -> tuple[Target, list[Feed], list[str]]:
     """The reference target, its outputs on ``feeds``, and the layer merges it needed."""
+    ref, outputs, _ = pick_reference(part, backends, _candidates(part, targets), feeds)
+    return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
+
+
+def _candidates(part: Partition, targets: list[Target]) -> list[Target]:
     from edgepilot.dispatch.targets import reference_targets
 
     precision = "fp32"
@@ -35,9 +40,23 @@ def reference_for(part: Partition, backends: Mapping[str, Backend], targets: lis
         from edgepilot.backends.tflite import file_precision
 
         precision = file_precision(part.model_path)
-    ref, outputs, _ = pick_reference(part, backends, reference_targets(targets, part.kind,
-                                                                       precision), feeds)
-    return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
+    return reference_targets(targets, part.kind, precision)
+
+
+def reference_named(part: Partition, targets: list[Target], name: str) -> Target | None:
+    """The candidate reference called ``name`` here (nothing built), None if it is not one."""
+    return next((t for t in _candidates(part, targets) if str(t) == name), None)
+
+
+def reference_outputs(part: Partition, backends: Mapping[str, Backend],
+                      targets: list[Target], feeds: Sequence[Feed], name: str) -> list[Feed]:
+    """The outputs of the reference called ``name`` on ``feeds`` (else of the first candidate
+    that runs the whole model), for a plan whose check did not need them until now."""
+    found = reference_named(part, targets, name)
+    candidates = _candidates(part, targets)
+    if found is not None:
+        candidates = [found, *(t for t in candidates if t != found)]
+    return pick_reference(part, backends, candidates, feeds)[1]
 
 
 def published_reference(part: Partition, backends: Mapping[str, Backend],
@@ -50,18 +69,11 @@ def published_reference(part: Partition, backends: Mapping[str, Backend],
 
     A plan adopted from such a board needs no search: the candidates that failed there fail
     here, and the layers it had to merge are in its published layer list."""
-    from edgepilot.dispatch.targets import reference_targets
-
-    precision = "fp32"
-    if part.kind == "tflite":
-        from edgepilot.backends.tflite import file_precision
-
-        precision = file_precision(part.model_path)
-    found = [t for t in reference_targets(targets, part.kind, precision) if str(t) == name]
-    if not found:
+    found = reference_named(part, targets, name)
+    if found is None:
         return None
     try:
-        return pick_reference(part, backends, found, feeds, keep)
+        return pick_reference(part, backends, [found], feeds, keep)
     except UnrunnableModel:
         return None
 

@@ -8,13 +8,18 @@ found, run here on the whole model (its outputs are what the plan's output error
 against). A published plan that runs the whole ONNX file on one target is adopted on a shell
 partition (``graph/shell.py``): its layer names checked against the raw file, the graph made
 concrete only when a replan needs the layers.
+
+Such a plan on a target other than the reference does not even build the reference when the
+publisher's digests vouch for it (``measuring/digest.py``): the same calibration inputs, and
+the plan's outputs here hash as the publisher's did. The reference's outputs are then made
+only if something asks for them (a replan, or a digest that differs).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,14 @@ from edgepilot.dispatch.graph.partition import (
 )
 from edgepilot.dispatch.graph.shell import shell, whole_file
 from edgepilot.dispatch.graph.signature import Shapes, signature_of
-from edgepilot.dispatch.measuring.runnable import Feed, published_reference, reference_for
+from edgepilot.dispatch.measuring.digest import tensors_sha256
+from edgepilot.dispatch.measuring.runnable import (
+    Feed,
+    published_reference,
+    reference_for,
+    reference_named,
+    reference_outputs,
+)
 from edgepilot.dispatch.planning.shared import PlanExchange, published_segments
 from edgepilot.formats import files
 
@@ -41,10 +53,15 @@ class Start:
     targets: list[Target]      # those that run the whole model or some of its layers
     adopted: dict[str, Any] | None  # the published plan to adopt (None: plan here)
     ref: Target                # the reference target
-    ref_outputs: list[Feed]    # the reference's outputs on the calibration inputs
+    # the reference's outputs on the calibration inputs; None: not made yet (``vouched``),
+    # ``outputs_of`` makes them when asked
+    ref_outputs: list[Feed] | None
     merges: list[str]          # layers the reference could not run alone, merged (planned here)
     # the reference's executable, open, when the adopted plan runs the whole model on it
     spare: Executable | None = None
+    # the published plan's outputs digest and output error, when they stand for the check
+    vouched: tuple[str, float] | None = None
+    outputs_of: Callable[[], list[Feed]] = field(default=lambda: [])
 
     @property
     def shell_of(self) -> dict[str, Any] | None:
@@ -83,7 +100,13 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
     found = adoptable(exchange, parts, part, signature, backends, here, feeds) \
         if exchange is not None else None
     if found is not None:
-        return Start(part, here, found[0], found[1], found[2], [], found[3])
+        doc, ref, outputs, spare = found
+        start = Start(part, here, doc, ref, outputs, [], spare)
+        if outputs is None:
+            start.vouched = (str(doc["outputs_sha256"]), float(doc["plan"]["error"]))
+            start.outputs_of = functools.partial(reference_outputs, part, backends, here,
+                                                 feeds, str(ref))
+        return start
     if part.make_real is not None:  # a shell whose plan was refused (its one event): cut it
         return _begin(None, parts, signature, part.make_real(), backends, targets, feeds)
     return Start(part, here, None, *reference_for(part, backends, here, feeds))
@@ -92,10 +115,11 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
 def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
               signature: str, backends: Mapping[str, Backend], targets: list[Target],
               feeds: Sequence[Feed]
-              ) -> tuple[dict[str, Any], Target, list[Feed], Executable | None] | None:
+              ) -> tuple[dict[str, Any], Target, list[Feed] | None, Executable | None] | None:
     """A published plan for this model, its reference target, that target's outputs on
-    ``feeds`` here and its executable when the plan runs the whole model on it (one session
-    built, not two); None: this board plans as usual. ``part``'s layers are merged (in place)
+    ``feeds`` here (None: not made, the publisher's digests vouch for the plan's check) and
+    its executable when the plan runs the whole model on it (one session built, not two);
+    None: this board plans as usual. ``part``'s layers are merged (in place)
     into the published ones."""
     before = part.layers
     doc = exchange.find(parts, part.model_hash, signature, [], [str(t) for t in targets],
@@ -104,6 +128,10 @@ def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
         return None
     name = str(doc["profile"]["reference"])
     segments = published_segments(doc)
+    if len(segments) == 1 and segments[0][0] != name and _vouches(doc, feeds):
+        ref = reference_named(part, targets, name)
+        if ref is not None:  # checked against the digest once the plan has run
+            return doc, ref, None, None
     got = published_reference(part, backends, targets, feeds, name,
                               keep=len(segments) == 1 and segments[0][0] == name)
     if got is None:
@@ -112,3 +140,12 @@ def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
                       "whole model here", model_sha256=part.model_hash)
         return None
     return doc, *got
+
+
+def _vouches(doc: Mapping[str, Any], feeds: Sequence[Feed]) -> bool:
+    """Whether the publisher's output digest applies here: made on these very inputs."""
+    try:
+        return bool(doc.get("outputs_sha256")) and doc.get("inputs_sha256") == \
+            tensors_sha256(feeds) and float(doc["plan"]["error"]) >= 0
+    except (TypeError, ValueError, KeyError):
+        return False
