@@ -47,8 +47,10 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     import onnx
     from onnx import helper
 
+    from edgepilot.formats.onnx_outline import onnx_outline
+
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx_outline(path)
     except Exception as exc:  # onnx raises DecodeError and friends
         raise UnrunnableModel(f"{path.name} is not a readable ONNX model: {exc}",
                               field="file") from None

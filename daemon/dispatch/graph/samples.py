@@ -84,10 +84,10 @@ def rules_for(path: Path, kind: str, specs: Sequence[TensorSpec]) -> dict[str, R
     from how an ONNX graph uses it, else from its name, type and shape."""
     if kind != "onnx":
         return {s.name: name_rule(s) for s in specs}
-    import onnx
+    from edgepilot.formats.onnx_outline import onnx_outline
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx_outline(path)
     except Exception as exc:
         raise PlanError(f"{path.name} is not a readable ONNX model: {exc}",
                         field="model") from None

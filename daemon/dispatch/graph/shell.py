@@ -54,11 +54,11 @@ def shell(path: Path, digest: str, shapes: Mapping[str, tuple[int, ...]],
           names: Sequence[str], make_real: Callable[[], Partition]) -> Partition | None:
     """A shell partition of the ONNX file at ``path`` with layers ``names`` (None: they are
     not this file's layer names, see :func:`named_in_file`); ``make_real`` partitions it."""
-    import onnx
+    from edgepilot.formats.onnx_outline import onnx_outline
 
     try:
         # the operators and the graph's inputs and outputs: no folding, no shape inference
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx_outline(path)
     except Exception:  # unreadable here: the real partition says why
         return None
     if not named_in_file(model, names):
