@@ -264,7 +264,30 @@ class CostBuilder:
             return None
         cell = self.profile.cells[i][target]
         assert cell.ms is not None
-        return self._net(i, target, cell.ms)
+        return self._net(i, target, min([cell.ms, *self._twins(i, target)]))
+
+    def _twins(self, i: int, target: str) -> list[float]:
+        """Timings of layer ``i`` on the targets that compute exactly what ``target`` does.
+
+        A precision variant that leaves a layer as it is (int4 quantizes MatMuls only: every
+        convolution of a CNN is the fp32 kernel) gives the reference's outputs bit for bit
+        (error exactly 0) on the same runtime and device. Two timings of one computation differ
+        only by noise, and load only ever adds time: both targets get the lower one, so the
+        planner never prefers a variant (and its quantization on every board of the kind) for
+        layers it did not change, nor splits between two copies of one kernel."""
+        ref = self.profile.reference
+        cells = self.profile.cells[i]
+        where = Target.parse(ref)
+
+        def same(t: str) -> bool:  # runs as the reference runs, on its runtime and device
+            other = Target.parse(t)
+            return t == ref or (cells[t].error == 0.0 and other.backend == where.backend
+                                and other.device == where.device)
+
+        if ref not in cells or not same(target):
+            return []
+        return [c.ms for t, c in cells.items()
+                if t != target and c.ms is not None and same(t) and t not in self.excluded]
 
     def _net(self, i: int, target: str, ms: float) -> float:
         over = self.profile.overhead_ms.get(target, 0.0)
