@@ -163,3 +163,6 @@ def test_a_whole_model_is_timed_as_its_plan_is_checked(mlp_path: Path) -> None:
         assert feed == id(md.calibration[0])
     assert md.builder is not None
     assert plan.predicted_ms == md.builder.profile.extra["whole_ms"][str(FP32)]
+    # the CPU those runs took (every thread of the process), kept with the profile: what
+    # bench compares with its own runs' to tell the work from the parallelism it got
+    assert md.builder.profile.extra["whole_cpu_ms"][str(FP32)] > 0

@@ -87,5 +87,15 @@ def test_bench_takes_input_shapes_and_keeps_its_json_shape(tmp_path: Path) -> No
     assert set(result) >= {"model", "hash", "plan", "single", "raw", "paired_ratio",
                            "speedup_vs_best_single", "predicted_vs_measured"}
     assert "onnxruntime/cpu/fp32" in result["single"]
+    # the CPU a run took next to its wall time, for every variant and for the plan's
+    # profiled whole model (a one-target plan: its prediction), so predicted/measured can be
+    # split into the work and the parallelism the cores allowed
+    assert result["plan"]["cpu_ms"] > 0
+    assert all(v["cpu_ms"] > 0 for v in result["single"].values())
+    if len(result["plan"]["targets"]) == 1:
+        cpu = result["cpu"]
+        assert cpu["profiled_ms"] > 0 and cpu["measured_ms"] == result["plan"]["cpu_ms"]
+        assert cpu["parallelism_measured"] == round(cpu["measured_ms"]
+                                                    / result["plan"]["median_ms"], 2)
     # the file as given is the reference: its own single target has no error at all
     assert result["single"]["onnxruntime/cpu/fp32"]["error"] == 0.0

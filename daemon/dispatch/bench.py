@@ -173,6 +173,8 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     times: dict[str, dict[int, float]] = {name: {} for name in pool}
     # every timed call's ms, for the tail (p95) next to the medians
     calls_ms: dict[str, list[float]] = {name: [] for name in pool}
+    # each burst's CPU ms per call, every thread of the process (intra-op workers included)
+    cpu_ms: dict[str, list[float]] = {name: [] for name in pool}
     timed_s: dict[str, float] = dict.fromkeys(pool, 0.0)
     rng = random.Random(0)
     order = list(pool)
@@ -186,7 +188,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
                 continue
             fns = pool[name]
             ms, spent = _burst(fns[rounds % len(fns)], feed, 1 if name in slow else calls[name],
-                               name in slow, calls_ms[name])
+                               name in slow, calls_ms[name], cpu_ms[name])
             times[name][rounds] = ms
             timed_s[name] += spent
         if md.progress:  # the CLI's bar: rounds go on past ``runs`` until every budget is met
@@ -197,10 +199,11 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     med = {name: statistics.median(ts.values()) for name, ts in times.items()}
     tol = md.opts.tolerance
     p95 = {name: round(percentile(ts, 95), 4) for name, ts in calls_ms.items()}
-    single = {name: {"median_ms": round(med[name], 4), "p95_ms": p95[name],
-                     "error": errors[name],
-                     "within_tolerance": errors[name] <= tol}
-              for name in pool if name not in ("plan", "raw")}
+    cpu = {name: round(statistics.median(cs), 4) for name, cs in cpu_ms.items() if cs}
+    single: dict[str, dict[str, Any]] = {
+        name: {"median_ms": round(med[name], 4), "p95_ms": p95[name], "cpu_ms": cpu.get(name),
+               "error": errors[name], "within_tolerance": errors[name] <= tol}
+        for name in pool if name not in ("plan", "raw")}
     eligible = [v["median_ms"] for v in single.values() if v["within_tolerance"]]
     best = min(eligible) if eligible else None
     result: dict[str, Any] = {
@@ -208,7 +211,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
         "compiles": {name: len(fns) for name, fns in pool.items()},
         "timed_s": {name: round(v, 3) for name, v in timed_s.items()},
         "plan": {"median_ms": round(med["plan"], 4), "p95_ms": p95["plan"],
-                 "predicted_ms": round(md.plan.predicted_ms, 4),
+                 "cpu_ms": cpu.get("plan"), "predicted_ms": round(md.plan.predicted_ms, 4),
                  "targets": [s[0] for s in md.plan.segments], "error": errors["plan"]},
         "single": single,
         "raw": {"median_ms": round(med["raw"], 4), "p95_ms": p95["raw"]}
@@ -220,6 +223,10 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
             for name in pool if name != "plan"},
         "speedup_vs_best_single_paired": None,
         "predicted_vs_measured": round(md.plan.predicted_ms / med["plan"], 3),
+        # a single-target plan's prediction is its whole model's profile timing: the CPU that
+        # timing's runs took against the CPU the bench's took tells a change in the work from
+        # a change in the parallelism the board's cores allowed (see timing.py)
+        "cpu": _cpu_prediction(md, cpu.get("plan"), round(med["plan"], 4)),
         # the plan's own check right after compiling (warm, alone), predicted from earlier
         # measurements only (see calibration.py)
         "plan_time": {"predicted_ms": round(md.plan.predicted_ms, 4),
@@ -239,20 +246,43 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     return result
 
 
+def _cpu_prediction(md: ModelDispatch, cpu_ms: float | None, wall_ms: float
+                    ) -> dict[str, Any] | None:
+    """The plan's CPU ms a run, profiled and benched, and the parallelism (CPU / wall) of
+    each; None unless the plan is one target's whole model with a profiled CPU figure."""
+    assert md.plan is not None and md.builder is not None
+    if len(md.plan.segments) != 1 or cpu_ms is None:
+        return None
+    target = md.plan.segments[0][0]
+    extra = md.builder.profile.extra
+    profiled, whole = extra.get("whole_cpu_ms", {}).get(target), extra.get("whole_ms", {})
+    if profiled is None or not whole.get(target):
+        return None
+    return {"profiled_ms": round(profiled, 4), "measured_ms": cpu_ms,
+            "profiled_vs_measured": round(profiled / cpu_ms, 3) if cpu_ms else None,
+            "parallelism_profiled": round(profiled / whole[target], 2),
+            "parallelism_measured": round(cpu_ms / wall_ms, 2) if wall_ms else None}
+
+
 def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int,
-           slow: bool, into: list[float] | None = None) -> tuple[float, float]:
+           slow: bool, into: list[float] | None = None,
+           cpu_into: list[float] | None = None) -> tuple[float, float]:
     """One variant's turn: an untimed call (unless slow), then ``calls`` timed ones.
 
     Returns the median ms of the timed calls and the seconds they took together; each timed
-    call's ms is appended to ``into`` as well.
+    call's ms is appended to ``into`` as well, and the burst's CPU ms per call (every thread
+    of the process) to ``cpu_into``.
     """
     if not slow:
         fn(feed)
     ts = []
+    c0 = time.process_time()
     for _ in range(max(1, calls)):
         t0 = time.perf_counter()
         fn(feed)
         ts.append((time.perf_counter() - t0) * 1e3)
+    if cpu_into is not None:
+        cpu_into.append((time.process_time() - c0) * 1e3 / max(1, calls))
     if into is not None:
         into.extend(ts)
     return statistics.median(ts), sum(ts) / 1e3

@@ -165,6 +165,7 @@ class Measurer:
         self.progress = progress
         self.passes = max(1, passes)
         self._ref_envs: list[dict[str, np.ndarray]] | None = None
+        self.whole_cpu_ms: dict[str, float] = {}  # CPU ms a whole-model run took (plan_ms)
 
     def compile(self, start: int, end: int, target: Target) -> Executable:
         backend = self.backends.get(target.backend)
@@ -238,7 +239,10 @@ class Measurer:
         single-target plan is predicted by this figure and compared with that check."""
         plan = CompiledPlan([CompiledSegment(str(target), start, end, seg, exe, 0.0)],
                             self.part.outputs)
-        return plan_timing(plan, self.calibration[0], self.runs, settle=True)[0]
+        cpu: list[float] = []
+        ms = plan_timing(plan, self.calibration[0], self.runs, settle=True, cpu=cpu)[0]
+        self.whole_cpu_ms[str(target)] = cpu[0]
+        return ms
 
     def retime(self, start: int, end: int, target: Target, cell: Cell) -> None:
         """Time ``[start, end)`` again (fresh session) and keep the faster of the two medians.
@@ -322,6 +326,7 @@ class Measurer:
         return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),
                             metric=self.metric,
                             extra={"whole_ms": whole, "whole_error": whole_error,
+                                   "whole_cpu_ms": dict(self.whole_cpu_ms),
                                    "excluded": exclusions(cells, whole_cells)})
 
     def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:

@@ -30,22 +30,28 @@ SETTLE_MS = 300.0
 
 def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: int = 1,
               min_total_ms: float = MIN_TIMED_MS, max_runs: int = MAX_RUNS,
-              fastest: list[float] | None = None) -> tuple[float, list[float]]:
+              fastest: list[float] | None = None, cpu: list[float] | None = None
+              ) -> tuple[float, list[float]]:
     """Median end-to-end ms of ``compiled`` and the median ms of each of its segments.
 
     Short plans get more runs (at least ``min_total_ms`` of timed wall time), like the profiler
     gives short layers. ``fastest``, when given, is filled with the fastest run: end to end,
-    then per segment.
+    then per segment. ``cpu``, when given, is filled with the median CPU ms of a run, every
+    thread of the process counted (a runtime's intra-op workers too): CPU over wall is the
+    parallelism a run got, which moves with what else the board's cores are doing while the
+    work itself stays put.
     """
     for _ in range(max(0, warmup)):
         compiled.run(feed)
     totals: list[float] = []
+    cpus: list[float] = []
     per: list[list[float]] = [[] for _ in compiled.segments]
     want = max(1, runs)
     while len(totals) < want:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         _, times = compiled.run(feed)
         totals.append((time.perf_counter() - t0) * 1e3)
+        cpus.append((time.process_time() - c0) * 1e3)
         for k, ms in enumerate(times):
             per[k].append(ms)
         if len(totals) == want and sum(totals) < min_total_ms:
@@ -53,15 +59,17 @@ def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: i
             want = min(max_runs, max(want, int(min_total_ms / max(avg, 1e-6)) + 1))
     if fastest is not None:
         fastest[:] = [min(totals), *(min(p) if p else 0.0 for p in per)]
+    if cpu is not None:
+        cpu[:] = [statistics.median(cpus)]
     return statistics.median(totals), [statistics.median(p) if p else 0.0 for p in per]
 
 
-def plan_timing(compiled: CompiledPlan, feed: dict[str, Any], runs: int, settle: bool = False
-                ) -> tuple[float, list[float], list[float]]:
+def plan_timing(compiled: CompiledPlan, feed: dict[str, Any], runs: int, settle: bool = False,
+                cpu: list[float] | None = None) -> tuple[float, list[float], list[float]]:
     """:func:`time_plan` of a plan just checked (its output check ran it, so no warm-up) with
     its fastest run, end to end then per segment; ``settle``: a plan made here (or a whole
     model a plan will be predicted by), timed after a warm-up run for :data:`SETTLE_MS` at
-    least."""
+    least; ``cpu``: see :func:`time_plan`."""
     fastest: list[float] = []
     return (*time_plan(compiled, feed, runs, int(settle), SETTLE_MS if settle else MIN_TIMED_MS,
-                       MAX_RUNS, fastest), fastest)
+                       MAX_RUNS, fastest, cpu), fastest)
