@@ -115,6 +115,15 @@ def test_a_draft_of_another_vocabulary_is_refused_at_load_and_the_model_serves(
         exe.close()
 
 
+def test_a_load_that_only_times_the_model_loads_no_draft() -> None:
+    # the GGUF planner's measuring load (dispatch/gguf/measure.py)
+    exe = LlamaCppBackend(settings(smollm2_gguf())).open(smollm2_gguf(), draft=False)
+    try:
+        assert exe.llm.draft_context is None and exe.llm.speculative == "off"
+    finally:
+        exe.close()
+
+
 def test_a_missing_draft_file_is_refused_at_load(tmp_path: Path) -> None:
     exe = open_with(tmp_path / "absent.gguf")
     try:

@@ -144,12 +144,14 @@ class LlamaCppBackend(Backend):
 
     def open(self, path: Path, *, n_ctx: int | None = None, n_gpu_layers: int | None = None,
              info: GgufInfo | None = None, parallel: int | None = None,
-             adapters: dict[str, Path] | None = None) -> LlamaExecutable:
+             adapters: dict[str, Path] | None = None, draft: bool = True) -> LlamaExecutable:
         """Load ``path`` with the configured options (``n_ctx``/``n_gpu_layers``/``parallel``
         override). ``parallel`` > 1: a :class:`LlamaBatchExecutable` that serves that many
         generations at once, each with ``n_ctx / parallel`` of the context. ``adapters``:
         LoRA adapter files by name, checked against the model and loaded once (one that does
-        not fit is refused with one warning; the model loads without it)."""
+        not fit is refused with one warning; the model loads without it). ``draft=False``:
+        no draft model beside it whatever ``speculative`` says (a load that only times the
+        model's own decodes)."""
         llama_cpp = import_llama_cpp()
         s = self.settings
         info = info or read_gguf_info(path)
@@ -177,6 +179,8 @@ class LlamaCppBackend(Backend):
         llm.prefix_cache = self.prefix_cache_for(path) if n_seq == 1 else None
         # the batch engine of a parallel model samples in its own loop: no drafting there
         llm.speculative = s.speculative if n_seq == 1 else "off"
+        if llm.speculative == "draft" and not draft:
+            llm.speculative = "off"
         if llm.speculative == "draft":
             llm.draft_context, llm.draft_refused = LLAMA_THREAD.call(
                 self._open_draft, llama_cpp, path, n_ctx=ctx, n_threads=llm.n_threads,

@@ -45,7 +45,9 @@ def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: 
     # a short context: speed at the start of a conversation, and little memory while measuring
     n_ctx = prompt_tokens + decode_tokens + 8
     try:
-        exe = backend.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info)
+        # no draft model: the plan times the model's own decodes
+        exe = backend.open(path, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, info=info,
+                           draft=False)
     except BackendError as exc:
         return [Measurement(t, n_gpu_layers, None, None, exc.message) for t in threads]
     try:
