@@ -11,9 +11,12 @@ import pytest
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
+from edgepilot.dispatch.graph.partition import partition
 from edgepilot.dispatch.measuring.calibration import Calibration, Observation
+from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.planning.cache import PlanCache
+from edgepilot.dispatch.planning.plan import CostBuilder
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend
@@ -101,3 +104,24 @@ def test_a_new_split_is_predicted_from_its_segments_timed_alone_before_its_check
     assert [c["observations"] for c in plan.calibration] == [
         len([o for o in md.builder.calibration.observations[:before + 2] if o.target == t])
         for t in (str(FP32), str(int8))]
+
+
+def test_a_one_target_plan_is_predicted_by_its_whole_model_timing_whatever_its_layers_cost(
+        mlp_path: Path) -> None:
+    """The ratio a whole-model observation keeps is taken on the same layer sum the prediction
+    multiplies: where the planner charges a layer a twin's lower timing (a variant computing
+    exactly what the reference does), the prediction is still the whole model's timing."""
+    part = partition(mlp_path)
+    n = len(part.layers)
+    fp32, int4 = str(FP32), "onnxruntime/cpu/int4"
+    # int4 timed slower on every layer it leaves as fp32 computes it (error exactly 0)
+    cells = [{fp32: Cell(1.0, 0.0), int4: Cell(3.0, 0.0)} for _ in range(n)]
+    whole = {fp32: 0.8 * n, int4: 2.5 * n}
+    profile = LatencyTable([fp32, int4], fp32, cells, {fp32: 0.0, int4: 0.0}, 1e6,
+                           extra={"whole_ms": dict(whole)})
+    b = CostBuilder(part, profile, 0.05)
+    table = b.table()
+    assert b.layer_ms(0, int4) == 1.0  # charged its twin's lower timing
+    for target in (fp32, int4):
+        assign = [table.targets.index(target)] * n
+        assert b.plan_ms(table, assign) == pytest.approx(whole[target])
