@@ -12,6 +12,7 @@ import pytest
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.measuring import calibration
 from edgepilot.dispatch.measuring.calibration import Calibration, Observation
 from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
@@ -71,7 +72,12 @@ def test_plans_are_predicted_from_earlier_timings_only(
 
 
 def test_a_new_split_is_predicted_from_its_segments_timed_alone_before_its_check(
-        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every observation kept: on a loaded 2-core machine a sub-millisecond segment can read
+    # 5x its layer sum, which the outlier rule (tested on its own) drops, and this test
+    # checks the order the observations are taken in, not that rule (failed 1 in 4 at load 3-4)
+    monkeypatch.setattr(calibration, "RATIO_BOUNDS", (0.0, float("inf")))
     int8 = Target("onnxruntime", "cpu", "int8")
     md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, [FP32, int8],
                        DispatchOptions(runs=3, warmup=1, tolerance=1.0))
