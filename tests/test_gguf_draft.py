@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from models_fixtures import gguf_path, make_daemon, smollm2_gguf  # noqa: F401 - fixtures
+from speculative_prompts import COPY, FREE
 
 import edgepilot.backends.llamacpp.draft_model as draft_model
 import edgepilot.backends.llamacpp.speculative as speculative
@@ -34,10 +35,6 @@ from edgepilot.formats.gguf_info import read_gguf_info
 from edgepilot.formats.gguf_vocab import check_same_vocab
 from edgepilot.serving.registry import ModelTooLarge
 
-TEXT = ("The board has four cores and one small GPU. It runs a daemon that serves models to the "
-        "devices of the house: lamps, thermostats, door sensors and cameras. ") * 2
-COPY = [{"role": "user", "content": "Rewrite this text exactly:\n\n" + TEXT}]
-FREE = [{"role": "user", "content": "List ten fruits, one per line."}]
 FIELD = "backends.llamacpp.draft_model"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from models_fixtures import smollm2_gguf
+from speculative_prompts import COPY, FREE
 
 import edgepilot.backends.llamacpp.speculative as speculative_module
 from edgepilot.backends.llamacpp.backend import (
@@ -27,12 +28,6 @@ from edgepilot.backends.llamacpp.backend import (
 from edgepilot.backends.llamacpp.lookup import K_START, PromptLookup, find_draft
 from edgepilot.backends.llamacpp.options import LlamacppSection
 from edgepilot.backends.llamacpp.speculative import COST_AFTER, OFF_AFTER
-
-# bench/gguf_lookup.py's copy task, shorter: the 135M model copies it faithfully
-TEXT = ("The board has four cores and one small GPU. It runs a daemon that serves models to the "
-        "devices of the house: lamps, thermostats, door sensors and cameras. ") * 2
-COPY = [{"role": "user", "content": "Rewrite this text exactly:\n\n" + TEXT}]
-FREE = [{"role": "user", "content": "List ten fruits, one per line."}]
 
 
 # ---- the drafter ------------------------------------------------------------------------------
