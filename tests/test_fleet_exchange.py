@@ -204,21 +204,21 @@ def test_a_plan_its_digests_vouch_for_builds_no_reference(tmp_path: Path) -> Non
         return md
 
     md = adopt(doc, "s2")
-    assert md._ref_outputs is None and md.plan.error == error  # vouched: nothing built
+    assert not md.check.reference_made and md.plan.error == error  # vouched: nothing built
     assert md.compiled is not None
     assert md.check_error(md.compiled) == pytest.approx(error, rel=1e-6)  # the reference, now
-    assert md._ref_outputs is not None
+    assert md.check.reference_made
     # one bit of the outputs otherwise: the reference is built and the error measured here
     other = copy.deepcopy(doc)
     other["outputs_sha256"] = ("0" if doc["outputs_sha256"][0] != "0" else "1") + \
         doc["outputs_sha256"][1:]
     md = adopt(other, "s3")
-    assert md._ref_outputs is not None and md.plan.error == pytest.approx(error, rel=1e-6)
+    assert md.check.reference_made and md.plan.error == pytest.approx(error, rel=1e-6)
     # other calibration inputs: the digest says nothing here, the reference is built first
     other = copy.deepcopy(doc)
     other["inputs_sha256"] = "0" * 64
     md = adopt(other, "s4")
-    assert md._ref_outputs is not None and md.plan.error == pytest.approx(error, rel=1e-6)
+    assert md.check.reference_made and md.plan.error == pytest.approx(error, rel=1e-6)
 
 
 def test_published_layer_names_this_file_does_not_cut_are_refused(tmp_path: Path) -> None:

@@ -28,8 +28,8 @@ from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
 from edgepilot.dispatch.measuring.digest import tensors_sha256
 from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer, Progress
+from edgepilot.dispatch.measuring.output_check import OutputCheck
 from edgepilot.dispatch.measuring.timing import plan_timing
-from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
@@ -77,11 +77,7 @@ class ModelDispatch:
         self.compiled: CompiledPlan | None = None
         self.reference: Target | None = None
         self.calibration: list[dict[str, np.ndarray]] = []
-        self._ref_outputs: list[dict[str, np.ndarray]] | None = []
-        self._outputs_of: Callable[[], list[dict[str, np.ndarray]]] = lambda: []
-        # a published plan's (outputs digest, output error), standing for its first check
-        self._vouched: tuple[str, float] | None = None
-        self._checked: tuple[CompiledPlan, str] | None = None  # the last check's digest
+        self.check = OutputCheck([], opts.metric)
         self.segment_ms: list[float] = []  # each segment of the last plan made, timed
         self.fastest: list[float] = []  # its fastest run, end to end then per segment
         self.published: dict[str, Any] | None = None  # a plan adopted on a shell partition
@@ -117,8 +113,8 @@ class ModelDispatch:
         part, ref, adopted, self.spare = got.part, got.ref, got.adopted, got.spare
         self.part, self.targets, self.reference, self.published = \
             part, got.targets, ref, got.shell_of
-        self._ref_outputs, self._outputs_of, self._vouched = \
-            got.ref_outputs, got.outputs_of, got.vouched
+        self.check = OutputCheck(self.calibration, self.opts.metric, got.ref_outputs,
+                                 got.outputs_of, got.vouched)
         layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
         key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
                          "signature": signature_of(self.shapes),
@@ -151,7 +147,6 @@ class ModelDispatch:
                                      published_segments(adopted) if adopted else None,
                                      adopted["plan"]["layers"] if adopted else None)
         spent = plan.planning_s = round(time.monotonic() - started, 3)
-        checked, self._checked = self._checked, None
         if adopted and shared and not shared.adopt(
                 adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
                 spent, lambda: self._time(compiled, settle=True), self.fastest):
@@ -164,7 +159,7 @@ class ModelDispatch:
                "fastest_ms": self.fastest or None,
                # what lets a board of this kind skip building the reference (digest.py)
                "inputs_sha256": tensors_sha256(self.calibration),
-               "outputs_sha256": checked[1] if checked and checked[0] is compiled else None}
+               "outputs_sha256": self.check.digest_of(compiled)}
         if self.cache is not None:
             self.cache.store(self.name, key, doc)
             if shared is not None and not self.from_cache:
@@ -179,26 +174,12 @@ class ModelDispatch:
 
     @property
     def ref_outputs(self) -> list[dict[str, np.ndarray]]:
-        """The reference's outputs on the calibration inputs (made on first use when an
-        adopted plan's digest stood for them)."""
-        if self._ref_outputs is None:
-            self._ref_outputs = self._outputs_of()
-        return self._ref_outputs
+        """The reference's outputs on the calibration inputs (see :class:`OutputCheck`)."""
+        return self.check.ref_outputs
 
     def check_error(self, compiled: CompiledPlan) -> float:
-        """Whole-plan output error against the fp32 reference on the calibration inputs.
-
-        An adopted plan's first check is the publisher's error when the plan's outputs here
-        hash as the publisher's did (the same bytes on the same runtimes); otherwise, and on
-        every later check, it is measured against the reference."""
-        outs = [compiled.run(feed)[0] for feed in self.calibration]
-        digest = tensors_sha256(outs)
-        self._checked = (compiled, digest)
-        vouched, self._vouched = self._vouched, None
-        if vouched is not None and vouched[0] == digest:
-            return vouched[1]
-        return max(output_error(out, ref, self.opts.metric)
-                   for out, ref in zip(outs, self.ref_outputs, strict=True))
+        """Whole-plan output error against the fp32 reference on the calibration inputs."""
+        return self.check.error(compiled)
 
     def _build(self, reason: str, keep: list[tuple[str, int, int]] | None = None,
                figures: Sequence[Any] | None = None) -> tuple[Plan, CompiledPlan]:
