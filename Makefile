@@ -27,6 +27,9 @@ $(VENV)/.installed-run: setup.cfg pyproject.toml scripts/llama-wheel.sh scripts/
 	@echo "make: installing edgepilot and its runtimes (onnxruntime, LiteRT, ...; about a minute)"
 	# (setuptools warns about editable installs on every build; nothing to act on here)
 	PYTHONWARNINGS=ignore $(PY) -m pip install -q -e '.[all]'
+	# bytecode now, as a wheel install does: a daemon's first plan should not compile the
+	# modules planning imports lazily (nor an environment with PYTHONDONTWRITEBYTECODE each time)
+	$(PY) -m compileall -q daemon backends >/dev/null
 	touch $@
 
 # Everything `make test` needs on top: test tools and the real models of the test corpus
