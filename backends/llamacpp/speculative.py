@@ -26,6 +26,7 @@ those would see drafts not yet verified) draft at all.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ EMA = 0.2  # weight of a new single-token decode time in the model's running fig
 EMPTY = np.zeros(0, dtype=np.intc)
 
 
-class Drafter:
+class Drafter(ABC):
     """One request's draft source, in llama-cpp-python's ``LlamaDraftModel`` shape (called
     with every token so far after each sampled one, returns the drafts), and its counts.
 
@@ -71,9 +72,9 @@ class Drafter:
         self._taken = 0  # of them, taken so far
         self._checked = 0  # of them, verified so far (taken or not)
 
+    @abstractmethod
     def propose(self, ids: np.ndarray, k: int) -> np.ndarray:
         """Up to ``k`` tokens to follow ``ids`` (every token so far), as ``intc``."""
-        raise NotImplementedError
 
     def __call__(self, input_ids: np.ndarray, /, **kwargs: Any) -> np.ndarray:
         self._settle()
