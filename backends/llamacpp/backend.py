@@ -225,12 +225,9 @@ class LlamaCppBackend(Backend):
                                    n_gpu_layers=-1 if all_on_gpu else 0,
                                    flash_attn=self.settings.flash_attn, type_k=type_k,
                                    type_v=type_v)
-        except EdgepilotError as exc:
-            log.warning("%s: draft model refused, serving without drafting: %s", path.name,
-                        exc.message)
-            return None, exc.message
-        except (ValueError, RuntimeError) as exc:
-            why = f"{field}: llama.cpp could not load the draft {draft.name}: {exc}"
+        except (EdgepilotError, ValueError, RuntimeError) as exc:
+            why = exc.message if isinstance(exc, EdgepilotError) else \
+                f"{field}: llama.cpp could not load the draft {draft.name}: {exc}"
             log.warning("%s: draft model refused, serving without drafting: %s", path.name, why)
             return None, why
         log.info("%s: draft model %s loaded (speculative = 'draft')", path.name, draft.name)

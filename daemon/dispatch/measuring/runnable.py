@@ -52,10 +52,7 @@ def reference_outputs(part: Partition, backends: Mapping[str, Backend],
                       targets: list[Target], feeds: Sequence[Feed], name: str) -> list[Feed]:
     """The outputs of the reference called ``name`` on ``feeds`` (else of the first candidate
     that runs the whole model), for a plan whose check did not need them until now."""
-    found = reference_named(part, targets, name)
-    candidates = _candidates(part, targets)
-    if found is not None:
-        candidates = [found, *(t for t in candidates if t != found)]
+    candidates = sorted(_candidates(part, targets), key=lambda t: str(t) != name)  # it first
     return pick_reference(part, backends, candidates, feeds)[1]
 
 

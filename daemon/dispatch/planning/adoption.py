@@ -100,10 +100,9 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
     found = adoptable(exchange, parts, part, signature, backends, here, feeds) \
         if exchange is not None else None
     if found is not None:
-        doc, ref, outputs, spare = found
-        start = Start(part, here, doc, ref, outputs, [], spare)
-        if outputs is None:
-            start.vouched = (str(doc["outputs_sha256"]), float(doc["plan"]["error"]))
+        doc, ref, outputs, spare, vouched = found
+        start = Start(part, here, doc, ref, outputs, [], spare, vouched)
+        if vouched is not None:
             start.outputs_of = functools.partial(reference_outputs, part, backends, here,
                                                  feeds, str(ref))
         return start
@@ -115,12 +114,13 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
 def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
               signature: str, backends: Mapping[str, Backend], targets: list[Target],
               feeds: Sequence[Feed]
-              ) -> tuple[dict[str, Any], Target, list[Feed] | None, Executable | None] | None:
+              ) -> tuple[dict[str, Any], Target, list[Feed] | None, Executable | None,
+                         tuple[str, float] | None] | None:
     """A published plan for this model, its reference target, that target's outputs on
-    ``feeds`` here (None: not made, the publisher's digests vouch for the plan's check) and
-    its executable when the plan runs the whole model on it (one session built, not two);
-    None: this board plans as usual. ``part``'s layers are merged (in place)
-    into the published ones."""
+    ``feeds`` here (None: not made), its executable when the plan runs the whole model on it
+    (one session built, not two), and the publisher's (outputs digest, output error) when they
+    vouch for the plan's check instead of those outputs; None: this board plans as usual.
+    ``part``'s layers are merged (in place) into the published ones."""
     before = part.layers
     doc = exchange.find(parts, part.model_hash, signature, [], [str(t) for t in targets],
                         fits=lambda names: merge_to(part, names))
@@ -128,10 +128,10 @@ def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
         return None
     name = str(doc["profile"]["reference"])
     segments = published_segments(doc)
-    if len(segments) == 1 and segments[0][0] != name and _vouches(doc, feeds):
-        ref = reference_named(part, targets, name)
-        if ref is not None:  # checked against the digest once the plan has run
-            return doc, ref, None, None
+    vouched = _vouch(doc, feeds) if len(segments) == 1 and segments[0][0] != name else None
+    ref = reference_named(part, targets, name) if vouched is not None else None
+    if ref is not None:  # checked against the digest once the plan has run
+        return doc, ref, None, None, vouched
     got = published_reference(part, backends, targets, feeds, name,
                               keep=len(segments) == 1 and segments[0][0] == name)
     if got is None:
@@ -139,13 +139,16 @@ def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,
         exchange.drop(doc, f"its reference {name} is not one here or does not run the "
                       "whole model here", model_sha256=part.model_hash)
         return None
-    return doc, *got
+    return (doc, *got, None)
 
 
-def _vouches(doc: Mapping[str, Any], feeds: Sequence[Feed]) -> bool:
-    """Whether the publisher's output digest applies here: made on these very inputs."""
+def _vouch(doc: Mapping[str, Any], feeds: Sequence[Feed]) -> tuple[str, float] | None:
+    """The publisher's (outputs digest, output error) when they apply here: made on these
+    very inputs (None: they do not, or the plan published none)."""
     try:
-        return bool(doc.get("outputs_sha256")) and doc.get("inputs_sha256") == \
-            tensors_sha256(feeds) and float(doc["plan"]["error"]) >= 0
+        digest, error = doc.get("outputs_sha256"), float(doc["plan"]["error"])
     except (TypeError, ValueError, KeyError):
-        return False
+        return None
+    if not digest or error < 0 or doc.get("inputs_sha256") != tensors_sha256(feeds):
+        return None
+    return str(digest), error
