@@ -83,9 +83,15 @@ def test_a_session_taken_over_is_reported_and_not_fought_over(
         assert lines, [r.getMessage() for r in caplog.records]
         assert f"client id {CLIENT_ID!r}" in lines[0]
         assert "another client with the same client id" in lines[0]
-        # while taken over, the telemetry report says why it is not connected
-        waiting = [link for link in links if not link.connected]
-        assert all("taken over" in (link.last_error or "") for link in waiting)
+        # while taken over, the telemetry report says why it is not connected. Waited for, not
+        # read in one snapshot: on 3.1.1 a link cut in the first two short sessions of a new
+        # streak is not yet known to be taken over, and says "connection lost" until the third
+        wait_for(lambda: any(not link.connected and "taken over" in (link.last_error or "")
+                             for link in links), timeout=60,
+                 what="a link waiting out its backoff, its last error naming the takeover")
+        for link in links:
+            if link._backoff_task is not None and not link.connected:
+                assert "taken over" in (link.last_error or ""), link.last_error
     finally:
         rec.close()
 

@@ -1,0 +1,31 @@
+"""The bench's best single target is picked on rounds it is not scored on (winner's curse)."""
+
+from __future__ import annotations
+
+from edgepilot.dispatch.bench import held_out_best
+
+
+def test_the_best_single_is_picked_on_odd_rounds_and_scored_on_even_ones() -> None:
+    # three targets as fast as the plan; "b" is lucky on the even rounds only. Picked and
+    # scored on every round, "b" would win and the plan would read 0.9x; held out, the pick
+    # ("a", fastest on the odd rounds) is scored where its luck does not follow it
+    rounds = range(1, 21)
+    times = {"plan": {r: 10.0 for r in rounds},
+             "a": {r: 9.8 if r % 2 else 10.0 for r in rounds},
+             "b": {r: 10.1 if r % 2 else 9.0 for r in rounds},
+             "c": {r: 10.0 for r in rounds}}
+    best, ratio = held_out_best(times, ["a", "b", "c"])
+    assert best == "a"
+    assert ratio == 1.0
+    # a target really faster than the plan is picked and its gain kept
+    times["d"] = {r: 5.0 for r in rounds}
+    assert held_out_best(times, ["a", "b", "c", "d"]) == ("d", 0.5)
+
+
+def test_with_one_round_the_pick_and_the_score_share_it() -> None:
+    times = {"plan": {1: 4.0}, "a": {1: 3.0}, "b": {1: 5.0}}
+    assert held_out_best(times, ["a", "b"]) == ("a", 0.75)
+    # a crawling variant timed in three rounds only still splits (rounds 1 and 3 pick, 2 scores)
+    times = {"plan": {r: 1.0 for r in range(1, 9)}, "slow": {1: 30.0, 2: 40.0, 3: 30.0},
+             "a": {r: 2.0 for r in range(1, 9)}}
+    assert held_out_best(times, ["slow", "a"]) == ("a", 2.0)
