@@ -174,3 +174,28 @@ def test_an_excluded_target_is_probed_again_and_comes_back_once_it_works(
     out, _ = md.run(feed)
     assert output_error(out, md.ref_outputs[0]) < 0.1
     md.recovery.close()
+
+
+def test_a_crawling_target_is_not_timed_past_its_first_layers(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    # a reference-kernel target (Arm NN CpuRef: over a second a layer) took 65 of DeepLabV3's
+    # 75 s of planning; once it has crawled through its first layers the rest are a reason
+    hooked = HookedBackend(ort_backend)
+    hooked.delay_s = 0.8
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend, "hooked": hooked},
+                       [FP32, HOOKED], DispatchOptions(tolerance=0.1, runs=5, warmup=1))
+    md.prepare()
+    assert md.plan is not None and md.builder is not None
+    cells = md.builder.profile.cells
+    assert len(cells) >= 4
+    timed = [row[str(HOOKED)].ms for row in cells]
+    # the first three layers ran once each (2.4 s together), none after them
+    assert all(ms is not None and ms >= 800 for ms in timed[:3]), timed
+    assert timed[3:] == [None] * (len(cells) - 3), timed
+    assert "not timed: over 9x the fastest target" in cells[3][str(HOOKED)].reason
+    assert str(HOOKED) not in md.builder.profile.extra["whole_ms"]
+    assert md.plan.targets == [str(FP32)] * len(md.plan.targets)
+    listed = [e for e in md.plan.exclusions if e["target"] == str(HOOKED)]
+    assert listed and all("not timed" in e["reason"] for e in listed), md.plan.exclusions
+    # and the target that is fast on its layers is timed on every one of them
+    assert all(row[str(FP32)].ms is not None for row in cells)

@@ -7,9 +7,9 @@ runtime to the next without conversion (CPU runtimes read them in place).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 
@@ -44,52 +44,41 @@ class CompiledPlan:
     def __init__(self, segments: list[CompiledSegment], outputs: tuple[str, ...]) -> None:
         self.segments = segments
         self.outputs = outputs
+        # one segment is the whole model on one runtime: ``run`` hands the request straight
+        # to it, so an all-one-target plan costs what that target costs (no env dict, no
+        # copies, one clock read each side: on a 10 µs streaming model the wrapper was 7%)
+        self._whole = segments[0].exe if len(segments) == 1 else None
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[float]]:
         """Outputs by name and per-segment wall ms; SegmentFault names a failing target."""
-        if len(self.segments) == 1:
-            return self._run_whole(inputs)
+        whole = self._whole
+        if whole is not None:
+            t0 = perf_counter()
+            try:
+                out = whole.run(inputs if type(inputs) is dict else dict(inputs))
+            except Exception as exc:
+                raise self._fault(0, exc) from exc
+            ms = (perf_counter() - t0) * 1e3
+            if len(out) != len(self.outputs):
+                out = self.collect(out)
+            return out, [ms]
         env: dict[str, np.ndarray] = dict(inputs)
         times: list[float] = []
         for k, seg in enumerate(self.segments):
-            t0 = time.perf_counter()
+            t0 = perf_counter()
             try:
                 env.update(seg.exe.run(env))
-            except EdgepilotError as exc:
-                raise SegmentFault(f"segment {k} on {seg.target} failed: {exc.message}",
-                                   target=seg.target, segment=k) from exc
-            except Exception as exc:  # a runtime's own exception types; never lose the target
-                raise SegmentFault(f"segment {k} on {seg.target} failed: "
-                                   f"{type(exc).__name__}: {exc}",
-                                   target=seg.target, segment=k) from exc
-            times.append((time.perf_counter() - t0) * 1e3)
-        missing = [o for o in self.outputs if o not in env]
-        if missing:
-            raise BackendError(f"plan produced no {', '.join(missing)}; replan the model")
-        return {o: env[o] for o in self.outputs}, times
+            except Exception as exc:
+                raise self._fault(k, exc) from exc
+            times.append((perf_counter() - t0) * 1e3)
+        return self.collect(env), times
 
-    def _run_whole(self, inputs: Mapping[str, np.ndarray]
-                   ) -> tuple[dict[str, np.ndarray], list[float]]:
-        # one segment is the whole model on one runtime: hand the request straight to it, so
-        # an all-one-target plan costs what that target costs (no env dict, no copies)
-        seg = self.segments[0]
-        feed = inputs if isinstance(inputs, dict) else dict(inputs)
-        t0 = time.perf_counter()
-        try:
-            out = seg.exe.run(feed)
-        except EdgepilotError as exc:
-            raise SegmentFault(f"segment 0 on {seg.target} failed: {exc.message}",
-                               target=seg.target, segment=0) from exc
-        except Exception as exc:  # a runtime's own exception types; never lose the target
-            raise SegmentFault(f"segment 0 on {seg.target} failed: {type(exc).__name__}: {exc}",
-                               target=seg.target, segment=0) from exc
-        times = [(time.perf_counter() - t0) * 1e3]
-        if len(out) != len(self.outputs):
-            missing = [o for o in self.outputs if o not in out]
-            if missing:
-                raise BackendError(f"plan produced no {', '.join(missing)}; replan the model")
-            out = {o: out[o] for o in self.outputs}
-        return out, times
+    def _fault(self, k: int, exc: Exception) -> SegmentFault:
+        # a runtime's own exception types too: never lose which target failed
+        seg = self.segments[k]
+        why = exc.message if isinstance(exc, EdgepilotError) else f"{type(exc).__name__}: {exc}"
+        return SegmentFault(f"segment {k} on {seg.target} failed: {why}",
+                            target=seg.target, segment=k)
 
     def step(self, k: int, env: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
         """Run segment ``k`` alone on the tensors produced so far: (its outputs, wall ms).
@@ -98,16 +87,12 @@ class CompiledPlan:
         while that segment runs; SegmentFault names the failing target."""
         seg = self.segments[k]
         feed = env if isinstance(env, dict) else dict(env)
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             out = seg.exe.run(feed)
-        except EdgepilotError as exc:
-            raise SegmentFault(f"segment {k} on {seg.target} failed: {exc.message}",
-                               target=seg.target, segment=k) from exc
-        except Exception as exc:  # a runtime's own exception types; never lose the target
-            raise SegmentFault(f"segment {k} on {seg.target} failed: {type(exc).__name__}: {exc}",
-                               target=seg.target, segment=k) from exc
-        return out, (time.perf_counter() - t0) * 1e3
+        except Exception as exc:
+            raise self._fault(k, exc) from exc
+        return out, (perf_counter() - t0) * 1e3
 
     def collect(self, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The plan's outputs out of everything its segments produced."""

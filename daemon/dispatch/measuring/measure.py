@@ -22,6 +22,7 @@ import numpy as np
 from edgepilot.backends.base import Backend, Executable, Segment, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.timing import MAX_RUNS, MIN_TIMED_MS, plan_timing
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
@@ -279,13 +280,17 @@ class Measurer:
         done = 0
         self.reference_envs()
         cells: list[dict[str, Cell]] = []
+        crawlers = Crawlers(str(self.reference))
         for i, layer in enumerate(self.part.layers):
             row: dict[str, Cell] = {}
             for target in self.targets:
-                row[str(target)] = self.measure(i, i + 1, target, _bound(row))
+                skip = crawlers.reason(str(target))
+                row[str(target)] = Cell(None, reason=skip) if skip else \
+                    self.measure(i, i + 1, target, _bound(row))
                 done += 1
                 if self.progress:
                     self.progress(done, total, f"{layer.name} on {target}")
+            crawlers.saw({t: c.ms for t, c in row.items()})
             cells.append(row)
         for _ in range(1, self.passes):
             for i, row in enumerate(cells):
@@ -316,8 +321,9 @@ class Measurer:
         # from these (see calibration.py), and a single-target plan is predicted by them
         whole_cells: dict[str, Cell] = {}
         for target in self.targets:
-            whole_cells[str(target)] = self.measure(0, n, target, _bound(whole_cells),
-                                                    as_plan=True)
+            skip = crawlers.reason(str(target))
+            whole_cells[str(target)] = Cell(None, reason=skip) if skip else \
+                self.measure(0, n, target, _bound(whole_cells), as_plan=True)
             done += 1
             if self.progress:
                 self.progress(done, total, f"whole model on {target}")
