@@ -9,7 +9,8 @@ from collections.abc import Mapping
 # layers it ran, those runs together over CRAWL_MS, is timed on no further layer nor as a whole
 # model: Arm NN's reference kernels take over a second a layer (65 of DeepLabV3's 75 s of
 # planning). Both conditions, so a target whose per-call cost swamps small layers but not big
-# ones (an NPU delegate) is still timed on the big ones
+# ones (an NPU delegate) is still timed on the big ones. (``bench.py`` has a crawl rule of its
+# own, against the plan's whole time: a bench times variants, planning times layers.)
 CRAWL_FACTOR = 9.0  # measure.py's early stop squared: where a cell's first run ends it
 CRAWL_LAYERS = 3
 CRAWL_MS = 2000.0
