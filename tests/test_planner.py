@@ -54,7 +54,12 @@ def tables(draw: st.DrawFn) -> CostTable:
         budgets = {"cpu": float(draw(st.integers(0, 15)))}
         if draw(st.booleans()):
             budgets["gpu"] = float(draw(st.integers(0, 15)))
-    return CostTable([f"t{j}" for j in range(m)], layer_ms, enter, hop, memory, devices, budgets)
+    # a measured hop kind may cost less than the copy it replaces (a runtime reading the
+    # array in place): negative fixed costs too, clamped at 0 per hop
+    pair = [[draw(st.floats(-2.0, 3.0)) for _ in range(m)] for _ in range(m)] \
+        if draw(st.booleans()) else None
+    return CostTable([f"t{j}" for j in range(m)], layer_ms, enter, hop, memory, devices, budgets,
+                     pair)
 
 
 @settings(max_examples=300, deadline=None)

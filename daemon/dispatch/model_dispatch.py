@@ -33,7 +33,7 @@ from edgepilot.dispatch.measuring.timing import plan_timing
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
-from edgepilot.dispatch.planning.choice import choose, compile_plan, given
+from edgepilot.dispatch.planning.choice import choose, compile_plan, given, measure_hops
 from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
@@ -142,6 +142,8 @@ class ModelDispatch:
                                    split_margin=self.opts.hysteresis,
                                    kernels=corpus_fits(self.corpus, self.targets,
                                                        self.progress))
+        if cached is None:  # the kinds of hop its choice makes, measured where it makes them
+            measure_hops(self.builder, measurer.hop, self.progress)
         plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
                                      else "reprofile" if reprofile else "initial",
                                      published_segments(adopted) if adopted else None,
@@ -269,8 +271,8 @@ class ModelDispatch:
     def _predictions(self, table: CostTable) -> list[float]:
         assert self.compiled is not None
         assert self.builder is not None
-        return [self.builder.segment_ms(table, table.targets.index(seg.target), seg.start,
-                                        seg.end) for seg in self.compiled.segments]
+        return self.builder.segment_predictions(
+            table, [(s.target, s.start, s.end) for s in self.compiled.segments])
 
     def set_clocks(self, freqs: dict[str, float], reason: str) -> tuple[bool, Plan]:
         """A DVFS profile or thermal change: re-predict at the new clocks and replan."""

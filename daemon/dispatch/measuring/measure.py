@@ -23,6 +23,7 @@ from edgepilot.backends.base import Backend, Executable, Segment, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.crawl import Crawlers
+from edgepilot.dispatch.measuring.hops import measure_hop
 from edgepilot.dispatch.measuring.timing import MAX_RUNS, MIN_TIMED_MS, plan_timing
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
@@ -334,6 +335,11 @@ class Measurer:
                             extra={"whole_ms": whole, "whole_error": whole_error,
                                    "whole_cpu_ms": dict(self.whole_cpu_ms),
                                    "excluded": exclusions(cells, whole_cells)})
+
+    def hop(self, src: str, dst: str, cut: int) -> float | None:
+        """What a hop from ``src`` to ``dst`` before layer ``cut`` costs (``hops.py``)."""
+        return measure_hop(self.part, self.backends, Target.parse(src), Target.parse(dst), cut,
+                           self.reference_envs()[0])
 
     def measure_overhead(self, target: Target, cells: list[dict[str, Cell]]) -> float:
         """Per-call cost: t(i) + t(i+1) - t(i..i+1 merged), on the cheapest adjacent pairs."""

@@ -5,13 +5,14 @@ shows); then the plan compiled, one executable per segment."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgepilot.backends.base import Backend, Executable, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.graph.signature import signature_of
+from edgepilot.dispatch.measuring.hops import hop_kind
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, merge, plan_cost, runner_up
 from edgepilot.errors import PlanError
@@ -21,6 +22,41 @@ def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
     """Run the planner on the builder's current costs and describe the result."""
     assign, cost, table = builder.best()
     return describe(name, builder, assign, cost, table, reason)
+
+
+HopMeter = Callable[[str, str, int], float | None]
+
+
+def measure_hops(builder: CostBuilder, meter: HopMeter,
+                 progress: Callable[[int, int, str], None] | None = None,
+                 rounds: int = 3) -> int:
+    """Measure each kind of hop the planner's choice makes that this profile has not measured
+    (``meter(src, dst, cut)``: ms, None when it cannot be), at the cut it is made, then choose
+    again on the measured costs, until the choice makes no unmeasured kind of hop (at most
+    ``rounds`` times). The samples join the profile (``extra["hops"]``); returns how many."""
+    samples: list[dict[str, Any]] = builder.profile.extra.setdefault("hops", [])
+    added = 0
+    for _ in range(rounds):
+        assign, _, table = builder.best()
+        runs = merge(assign)
+        known = {s["kind"] for s in samples}
+        todo = []
+        for k in range(1, len(runs)):
+            src, dst, cut = table.targets[runs[k - 1][0]], table.targets[runs[k][0]], runs[k][1]
+            if (kind := hop_kind(src, dst)) not in known:
+                known.add(kind)
+                todo.append((kind, src, dst, cut))
+        if not todo:
+            break
+        for kind, src, dst, cut in todo:
+            if progress:
+                progress(added + 1, added + len(todo), f"hop {kind} before layer {cut}")
+            ms = meter(src, dst, cut)
+            samples.append({"kind": kind, "from": src, "to": dst, "layer": cut,
+                            "bytes": builder.part.boundary_bytes(cut),
+                            "ms": None if ms is None else round(ms, 5)})
+            added += 1
+    return added
 
 
 def given(name: str, builder: CostBuilder, segments: list[tuple[str, int, int]],
@@ -70,9 +106,12 @@ def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
     segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
     raw = plan_cost(table, assign)
     extra = builder.profile.extra
-    hops = [{"layer": s, "from": segments[k - 1][0], "to": t,
-             "bytes": builder.part.boundary_bytes(s), "predicted_ms": round(table.hop_ms[s], 4)}
-            for k, (t, s, _) in enumerate(segments) if k]
+    runs = merge(assign)
+    hops = [{"layer": s, "from": table.targets[runs[k - 1][0]], "to": table.targets[t],
+             "kind": hop_kind(table.targets[runs[k - 1][0]], table.targets[t]),
+             "bytes": builder.part.boundary_bytes(s),
+             "predicted_ms": round(table.hop(s, runs[k - 1][0], t), 4)}
+            for k, (t, s, _) in enumerate(runs) if k]
     return Plan(name, builder.part.model_hash, names, segments, cost, layers, reason=reason,
                 uncalibrated_ms=raw if raw < float("inf") else None,
                 calibration=builder.calibration.summary(segments, len(builder.part.layers)),
@@ -101,8 +140,9 @@ def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, B
     the whole model on the reference (an adopted plan; closed otherwise)."""
     table = builder.table()
     segs = []
-    for target, s, e in plan.segments:
-        pred = builder.segment_ms(table, table.targets.index(target), s, e)
+    for (target, s, e), pred in zip(plan.segments,
+                                    builder.segment_predictions(table, plan.segments),
+                                    strict=True):
         # [0, n) is Segment(layers=None): the original file, the model's own inputs and
         # outputs, the same variant recipe a single-target load uses (test_executor.py)
         seg = part.segment(s, e)

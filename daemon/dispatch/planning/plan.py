@@ -2,7 +2,8 @@
 
 :class:`CostBuilder` turns a :class:`LatencyTable` into the planner's :class:`CostTable`:
 measured layer times net of the per-call overhead (which the planner charges once per segment),
-hops as ``overhead(dst) + boundary bytes / bandwidth``, targets over the error budget or
+hops as ``overhead(dst) + boundary bytes / bandwidth`` plus what that kind of hop was measured
+to cost beyond the copy (``measuring/hops.py``), targets over the error budget or
 excluded after a fault marked ineligible, per-target factors (drift), frequency scaling from the
 fitted roofline models, and the per-target segment calibration (``calibration.py``).
 :class:`Plan` is the result and its JSON shape (what `edgepilot plan --json` prints); the
@@ -19,6 +20,7 @@ from typing import Any
 from edgepilot.backends.base import Target
 from edgepilot.dispatch.graph.partition import Layer, Partition
 from edgepilot.dispatch.measuring.calibration import Calibration, Observation
+from edgepilot.dispatch.measuring.hops import pair_costs
 from edgepilot.dispatch.measuring.measure import LatencyTable
 from edgepilot.dispatch.planning import costmodel
 from edgepilot.dispatch.planning.corpus import layer_ops
@@ -203,17 +205,27 @@ class CostBuilder:
         now = model.predict(layer.flops, nbytes, freq)
         return now / then if then > 0 else 1.0
 
-    def segment_ms(self, table: CostTable, t: int, start: int, end: int) -> float:
-        """Calibrated prediction of one compiled segment, the hop into it included."""
+    def segment_ms(self, table: CostTable, t: int, start: int, end: int,
+                   src: int | None = None) -> float:
+        """Calibrated prediction of one compiled segment, the hop into it from target ``src``
+        (the previous segment's) included."""
         raw = sum(table.layer_ms[i][t] or 0.0 for i in range(start, end)) + table.enter_ms[t]
         f = self.calibration.factor(table.targets[t], start, end, len(self.part.layers))
-        return raw * f + (table.hop_ms[start] if start else 0.0)
+        return raw * f + (table.hop(start, src, t) if src is not None else 0.0)
 
     def plan_ms(self, table: CostTable, assign: list[int]) -> float:
         """Calibrated prediction of a whole assignment (inf when a layer is not eligible)."""
         if any(table.layer_ms[i][t] is None for i, t in enumerate(assign)):
             return float("inf")
-        return sum(self.segment_ms(table, t, s, e) for t, s, e in merge(assign))
+        return sum(self.segment_predictions(table, [(table.targets[t], s, e)
+                                                    for t, s, e in merge(assign)]))
+
+    def segment_predictions(self, table: CostTable,
+                            segments: list[tuple[str, int, int]]) -> list[float]:
+        """:meth:`segment_ms` of each of a plan's ``(target, start, end)`` in order."""
+        at = [table.targets.index(t) for t, _, _ in segments]
+        return [self.segment_ms(table, at[k], s, e, at[k - 1] if k else None)
+                for k, (_, s, e) in enumerate(segments)]
 
     def best(self) -> tuple[list[int], float, CostTable]:
         """The DP's assignment and its calibrated prediction.
@@ -319,7 +331,8 @@ class CostBuilder:
         layer_ms = [[self.layer_ms(i, t) for t in targets] for i in range(n)]
         memory = [[float(self.profile.cells[i][t].memory) for t in targets] for i in range(n)]
         return CostTable(targets, layer_ms, enter, hop, memory,
-                         [device_of(t) for t in targets], dict(self.budgets))
+                         [device_of(t) for t in targets], dict(self.budgets),
+                         pair_costs(targets, self.profile.extra.get("hops", []), bw))
 
 
 @dataclass

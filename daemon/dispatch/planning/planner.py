@@ -3,11 +3,13 @@
 Cost of an assignment ``a``::
 
     sum_i layer_ms[i][a_i]
-  + sum over segment starts i (i == 0 or a_i != a_{i-1}) of enter_ms[a_i] + hop_ms[i]
+  + sum over segment starts i (i == 0 or a_i != a_{i-1}) of enter_ms[a_i] + hop(i, a_{i-1}, a_i)
 
 ``enter_ms`` is the per-call overhead of a target (paid once per compiled segment, which is why
-merging consecutive layers matters) and ``hop_ms[i]`` the measured cost of handing the tensors
-crossing cut ``i`` to another runtime (``hop_ms[0]`` is 0). Memory budgets per device are
+merging consecutive layers matters) and ``hop(i, s, t)`` the cost of handing the tensors
+crossing cut ``i`` from target ``s`` to target ``t``: ``max(0, hop_ms[i] + pair_ms[s][t])``,
+the copy of the bytes crossing plus what that kind of hop was measured to cost beyond it
+(``measuring/hops.py``; 0 at the first layer). Memory budgets per device are
 exact: labels at each DP state keep the Pareto front of (cost, memory used per budgeted device),
 so the result equals the brute-force optimum (property-tested).
 """
@@ -32,10 +34,18 @@ class CostTable:
     memory: list[list[float]] | None = None     # bytes of layer i on target t
     devices: list[str] | None = None            # physical device of each target
     budgets: dict[str, float] = field(default_factory=dict)
+    pair_ms: list[list[float]] | None = None    # measured fixed cost of a hop from s to t
 
     @property
     def n_layers(self) -> int:
         return len(self.layer_ms)
+
+    def hop(self, i: int, s: int, t: int) -> float:
+        """What handing cut ``i``'s tensors from target ``s`` to target ``t`` costs."""
+        if i == 0 or s == t:
+            return 0.0
+        fixed = self.pair_ms[s][t] if self.pair_ms is not None else 0.0
+        return max(0.0, self.hop_ms[i] + fixed)
 
 
 def plan_cost(table: CostTable, assign: list[int]) -> float:
@@ -47,7 +57,7 @@ def plan_cost(table: CostTable, assign: list[int]) -> float:
             return INF
         total += c
         if i == 0 or assign[i - 1] != t:
-            total += table.enter_ms[t] + (table.hop_ms[i] if i else 0.0)
+            total += table.enter_ms[t] + (table.hop(i, assign[i - 1], t) if i else 0.0)
     return total
 
 
@@ -114,7 +124,7 @@ def solve(table: CostTable) -> tuple[list[int], float]:
                 continue
             cands: list[_Label] = []
             for s in range(m):
-                step = c if s == t else c + table.enter_ms[t] + table.hop_ms[i]
+                step = c if s == t else c + table.enter_ms[t] + table.hop(i, s, t)
                 for lab in front[s]:
                     mem = mem_after(lab.mem, i, t)
                     if mem is not None:

@@ -46,6 +46,5 @@ def time_new_segments(b: CostBuilder, part: Partition, plan: Plan, compiled: Com
     if predicted < float("inf"):  # inf: a whole-model plan of layers that fail alone
         plan.predicted_ms = predicted
     plan.calibration = b.calibration.summary(plan.segments, len(part.layers))
-    for seg in segs:
-        seg.predicted_ms = b.segment_ms(table, table.targets.index(seg.target), seg.start,
-                                        seg.end)
+    for seg, ms in zip(segs, b.segment_predictions(table, plan.segments), strict=True):
+        seg.predicted_ms = ms
