@@ -80,10 +80,18 @@ def one_line(exc: BaseException) -> str:
     """A runtime's error as one line: the op an interpreter could not resolve named first (its
     message is several lines with a link), otherwise the message with whitespace collapsed."""
     text = " ".join(str(exc).split())
+    half = len(text) // 2
+    if text and text[:half] == text[half:]:  # the interpreter reports some failures twice
+        text = text[:half]
     op = re.search(r"unresolved custom op: (\S+?)\.? ", text + " ")
     if op:
         return f"custom op {op.group(1)} is not resolved by the TFLite interpreter"
     return text[:300]
+
+
+def _dynamic_inputs(interp: Any) -> bool:
+    """Whether any input of ``interp`` has a dim the file leaves open (-1)."""
+    return any(-1 in list(d.get("shape_signature", [])) for d in interp.get_input_details())
 
 
 def file_precision(path: Path) -> str:
@@ -93,7 +101,10 @@ def file_precision(path: Path) -> str:
 class TfliteExecutable(Executable):
     """One warm interpreter; calls are serialised (an interpreter is not re-entrant)."""
 
-    def __init__(self, interp: Any, target: Target, model_bytes: int) -> None:
+    _feed: list[tuple[str, int, tuple[int, ...]]]   # (name, tensor index, shape allocated)
+
+    def __init__(self, interp: Any, target: Target, model_bytes: int,
+                 allocated: bool = True) -> None:
         self.interp = interp
         self.target = target
         self._bytes = model_bytes
@@ -105,6 +116,8 @@ class TfliteExecutable(Executable):
         self.outputs = [TensorSpec(n, np.dtype(d["dtype"]).name, tuple(
             int(x) for x in d["shape"])) for n, d in self._out.items()]
         self._index()
+        if not allocated:  # a shape no array has: the first call resizes, which allocates
+            self._feed = [(name, index, (-1,)) for name, index, _ in self._feed]
 
     @property
     def memory_bytes(self) -> int:
@@ -133,7 +146,7 @@ class TfliteExecutable(Executable):
         except (ValueError, RuntimeError) as exc:
             raise BackendError(f"TFLite cannot run input shapes "
                                f"{ {n: list(np.shape(inputs[n])) for n, _, _ in self._feed} }: "
-                               f"{exc}", field="inputs") from None
+                               f"{one_line(exc)}", field="inputs") from None
         self._index()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -290,11 +303,15 @@ class TfliteBackend(Backend):
                 return self._delegated[key]
         try:
             content = self.model_bytes(segment)
-            interp = self._interpreter(content, device, segment.model_path.name)
-            outside = ops_outside_delegates(interp, _n_ops(content))
+            interp, allocated = self._interpreter(content, device, segment.model_path.name)
+            outside = ops_outside_delegates(interp, _n_ops(content)) if allocated else []
         except BackendError as exc:
             support = Support(False, exc.message)
         else:
+            if not allocated and device != "xnnpack":
+                # what a delegate takes is known once the graph is prepared, here only at the
+                # first call's shapes: not checked, so not offered (no silent CPU fallback)
+                outside = ["(dynamic inputs: delegation checked only at run time)"]
             support = Support(True)
             if outside:
                 shown = ", ".join(outside[:8]) + (" ..." if len(outside) > 8 else "")
@@ -326,11 +343,13 @@ class TfliteBackend(Backend):
         if not support:
             raise BackendError(f"{target} cannot run {segment.model_path.name}: {support.reason}")
         content = self.model_bytes(segment)
-        interp = self._interpreter(content, target.device, segment.model_path.name)
-        return TfliteExecutable(interp, target, len(content))
+        interp, allocated = self._interpreter(content, target.device, segment.model_path.name)
+        return TfliteExecutable(interp, target, len(content), allocated)
 
-    def _interpreter(self, content: bytes, device: str, label: str) -> Any:
-        """An allocated interpreter for ``content`` on ``device`` (delegates applied)."""
+    def _interpreter(self, content: bytes, device: str, label: str) -> tuple[Any, bool]:
+        """An interpreter for ``content`` on ``device`` (delegates applied) and whether it is
+        allocated (a model with dynamic inputs that does not prepare at its placeholder shapes
+        is allocated at its first call's)."""
         mod = _interpreter_module()
         kwargs: dict[str, Any] = {"model_content": content}
         if self.settings.threads:
@@ -348,11 +367,17 @@ class TfliteBackend(Backend):
             # without XNNPACK behind it, what the delegate leaves is visible (and refused)
             kwargs["experimental_op_resolver_type"] = (
                 mod.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        interp = None
         try:
             with first_xnnpack() if device == "xnnpack" else contextlib.nullcontext():
                 interp = mod.Interpreter(**kwargs)
                 interp.allocate_tensors()  # applies the default (XNNPACK) delegate
         except (ValueError, RuntimeError) as exc:
+            if interp is not None and _dynamic_inputs(interp):
+                # at the file's placeholder shapes (1 for each -1 dim) a dynamic model may not
+                # prepare (openWakeWord's mel front end: a conv over 1 sample); it is allocated
+                # at its first call's shapes, as a user of the raw interpreter resizes first
+                return interp, False
             raise BackendError(f"TFLite could not build {label} on {self.name}/{device}: "
                                f"{one_line(exc)}") from None
-        return interp
+        return interp, True

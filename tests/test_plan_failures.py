@@ -168,3 +168,35 @@ def test_a_named_dim_is_still_shared() -> None:
     specs = [TensorSpec("a", "float32", (1, "seq")), TensorSpec("x", "float32", (1, "seq"))]
     with pytest.raises(PlanError, match="'seq' is 48 in one input and 192 in 'x'"):
         resolve_shapes("m", specs, {"a": [1, 48], "x": [1, 192]})
+
+
+def test_a_shape_tensor_of_no_elements_is_a_constant_not_a_layer_input() -> None:
+    """onnx-tf writes a squeeze to a scalar as RESHAPE with a shape tensor of shape [0], whose
+    buffer is empty: it is a constant like any other, never a tensor a layer waits for (the
+    reference run once died on it with a KeyError)."""
+    model = by_name("hey-jarvis")
+    part = partition(model.path)
+    produced = {t for n in part.nodes for t in n.outputs}
+    model_inputs = set(part.inputs)
+    for i in range(len(part.layers)):
+        for name in part.segment(i, i + 1).inputs:
+            assert name in produced or name in model_inputs, (i, name)
+
+
+def test_open_dims_run_at_placeholder_shapes_say_which_and_how_to_set_them(
+        tmp_path: Path) -> None:
+    """A TFLite file whose every input dim is open allocates 1x1, where its convolution does
+    not prepare: ``plan`` without shapes exits 2 in one line naming the input, the shape it ran
+    at and ``--input-shape``; with the shape it is fed, it plans and runs (the interpreter is
+    allocated at the first call's shapes, as a user of the raw runtime resizes first)."""
+    model = by_name("oww-melspectrogram")
+    res = cli(tmp_path, "plan", str(model.path))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "'serving_default_input:0' [?, ?] as 1x1" in lines[0]
+    assert "--input-shape" in lines[0] and model.path.name in lines[0]
+    res = cli(tmp_path, "plan", str(model.path), *model.shape_args(), "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["error"] is not None and plan["error"] <= plan["tolerance"]

@@ -10,6 +10,8 @@ import argparse
 import json
 import os
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,10 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+# commands that run as services: an unexpected error keeps its traceback on stderr
+_KEEP_TRACEBACK = {"run", "worker"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -82,6 +88,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if args.command in _KEEP_TRACEBACK:
+            raise  # the service's journal keeps what a crash says
+        # a bug of ours, not the operator's input: one line, the traceback kept for a report
+        fd, where = tempfile.mkstemp(prefix="edgepilot-traceback-", suffix=".txt")
+        with os.fdopen(fd, "w") as out:
+            traceback.print_exc(file=out)
+        text = " ".join(str(exc).split())[:200]
+        print(f"edgepilot: internal error: {type(exc).__name__}: {text} (a bug in edgepilot, "
+              f"not in the input; traceback in {where})", file=sys.stderr)
+        return 70
     except BrokenPipeError:
         # `edgepilot ... | head`: the reader left; say nothing more (no traceback) and exit
         # as a shell does when its output pipe closes

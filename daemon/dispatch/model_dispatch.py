@@ -25,7 +25,7 @@ from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
-from edgepilot.dispatch.graph.signature import Shapes, file_shapes, signature_of
+from edgepilot.dispatch.graph.signature import Shapes, file_shapes, open_dims_hint, signature_of
 from edgepilot.dispatch.measuring.digest import tensors_sha256
 from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer, Progress
 from edgepilot.dispatch.measuring.output_check import OutputCheck
@@ -40,7 +40,7 @@ from edgepilot.dispatch.planning.planner import CostTable, plan_cost
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
 from edgepilot.dispatch.planning.shared import published_segments
 from edgepilot.dispatch.planning.versus import single_instead
-from edgepilot.errors import EdgepilotError, PlanError
+from edgepilot.errors import EdgepilotError, PlanError, UnrunnableModel
 from edgepilot.formats.io import tensor_specs
 
 log = logging.getLogger(__name__)
@@ -107,9 +107,14 @@ class ModelDispatch:
         shared = self.cache.shared if self.cache is not None else None
         # a plan an identical board published (dispatch/planning/adoption.py), else the
         # reference found here
-        got = begin(shared if not reprofile else None, self.key_parts, self.path, kind,
-                    self.shapes, self.backends, self.targets, self.calibration,
-                    cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
+        try:
+            got = begin(shared if not reprofile else None, self.key_parts, self.path, kind,
+                        self.shapes, self.backends, self.targets, self.calibration,
+                        cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
+        except UnrunnableModel as exc:  # at shapes no one chose: say which and how to set them
+            hint = open_dims_hint(self.path, specs, self.shapes)
+            raise UnrunnableModel(exc.message + hint, field=exc.field) from (None if hint
+                                                                             else exc)
         part, ref, adopted, self.spare = got.part, got.ref, got.adopted, got.spare
         self.part, self.targets, self.reference, self.published = \
             part, got.targets, ref, got.shell_of

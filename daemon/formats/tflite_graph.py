@@ -80,7 +80,10 @@ def _name(tensor: Any) -> str:
 def _is_const(model: Any, tensor: Any) -> bool:
     buf = model.buffers[tensor.buffer] if tensor.buffer < len(model.buffers) else None
     has_data = buf is not None and buf.data is not None and len(buf.data) > 0
-    return buf is not None and (has_data or (buf.size or 0) > 0)
+    # a tensor of no elements has nothing to store, so its buffer is empty: still a constant
+    # (onnx-tf writes a squeeze to a scalar as RESHAPE with a shape tensor of shape [0])
+    empty = tensor.shape is not None and 0 in _ints(tensor.shape)
+    return buf is not None and (has_data or (buf.size or 0) > 0 or empty)
 
 
 def _ints(values: Any) -> list[int]:

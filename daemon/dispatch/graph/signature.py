@@ -146,3 +146,25 @@ def file_shapes(model: str, path: Path, specs: Sequence[TensorSpec]) -> Shapes:
 
         defaults = default_shapes(path)
     return resolve_shapes(model, specs, {}, defaults=defaults)
+
+
+def open_dims_hint(path: Path, specs: Sequence[TensorSpec], shapes: Shapes) -> str:
+    """What to add to an error of a TFLite model run at its file's placeholder shapes (the
+    shapes it allocates where its signature says -1, taken when none were given): each such
+    input, the shape it ran at, and how to give another ("" when there is none)."""
+    if path.suffix.lower() != ".tflite":
+        return ""  # an ONNX model's open dims are never guessed (resolve_shapes asks)
+    from edgepilot.dispatch.graph.tflite_layers import default_shapes
+
+    defaults = default_shapes(path)
+    loose = [s for s in specs if s.name in shapes
+             and any(not (isinstance(d, int) and d > 0) for d in s.shape)
+             and tuple(shapes[s.name]) == tuple(defaults.get(s.name, ()))]
+    if not loose:
+        return ""
+    shown = ", ".join(f"{s.name!r} {_fmt(s.shape)} as {'x'.join(map(str, shapes[s.name]))}"
+                      for s in loose)
+    first = loose[0]
+    return (f"; it ran at the file's placeholder shapes for its open dims ({shown}): give the "
+            f"shapes it is fed with --input-shape (e.g. {first.name}={_example(first.shape)}) "
+            "or the model's [[models]] input_shapes")

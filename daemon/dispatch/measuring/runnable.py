@@ -19,7 +19,7 @@ import numpy as np
 
 from edgepilot.backends.base import Backend, Executable, Target
 from edgepilot.dispatch.graph.partition import Partition, merge_layers
-from edgepilot.errors import EdgepilotError, UnrunnableModel
+from edgepilot.errors import EdgepilotError, PlanError, UnrunnableModel
 
 log = logging.getLogger(__name__)
 Feed = dict[str, np.ndarray]
@@ -124,6 +124,10 @@ def runnable_layers(part: Partition, backend: Backend, reference: Target,
     i = 0
     while i < len(part.layers) and len(part.layers) > 1:
         try:
+            missing = [k for k in exe_inputs(part, i) if k not in env]
+            if missing:  # a tensor the partition took for an input no earlier layer writes
+                raise PlanError(f"it reads {missing[0]!r}, which no earlier layer writes",
+                                field="model")
             exe = backend.compile(part.segment(i, i + 1), reference)
             try:
                 out = exe.run({k: env[k] for k in exe_inputs(part, i)})
