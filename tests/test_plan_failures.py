@@ -119,11 +119,45 @@ def test_a_broken_file_exits_2_with_one_line_naming_it(tmp_path: Path, damage: s
     assert len(lines) == 1 and bad.name in lines[0], res.stderr
 
 
+def zipmap_classifier(path: Path) -> Path:
+    """A classifier as skl2onnx writes one by default: its probabilities a tensor and, through
+    ZipMap, a sequence of maps (label -> probability)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    out = onnx.ValueInfoProto(name="output_probability")
+    out.type.sequence_type.elem_type.map_type.key_type = TensorProto.INT64
+    out.type.sequence_type.elem_type.map_type.value_type.tensor_type.elem_type = \
+        TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["input"], ["probabilities"], axis=1),
+         helper.make_node("ZipMap", ["probabilities"], ["output_probability"],
+                          domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])],
+        "classifier", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, 3]), out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_model_with_an_output_that_is_not_a_tensor_exits_2_naming_it(tmp_path: Path) -> None:
+    model = zipmap_classifier(tmp_path / "classifier.onnx")
+    res = cli(tmp_path, "plan", str(model))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "classifier.onnx: output 'output_probability' is a sequence of maps" in lines[0]
+    assert "'zipmap': False" in lines[0]
+
+
 def test_the_daemon_answers_422_for_an_unrunnable_model_and_keeps_serving(
         tmp_path: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()
     shutil.copy(UNRUNNABLE[0].path, models / "attention.tflite")
+    zipmap_classifier(models / "classifier.onnx")
     good = by_name("iris-landmark")
     shutil.copy(good.path, models / "iris.tflite")
     data = good.path.read_bytes()
@@ -144,6 +178,12 @@ def test_the_daemon_answers_422_for_an_unrunnable_model_and_keeps_serving(
         assert code == 422, err
         assert "truncated.tflite" in err["error"]["message"]
         assert "\n" not in err["error"]["message"]
+        code, err = d.request("POST", "/v1/infer/classifier",
+                              encode({"input": np.zeros((1, 3), np.float32)}), timeout=120)
+        assert code == 422, err
+        assert "'output_probability' is a sequence of maps" in err["error"]["message"]
+        code, listed = d.request("GET", "/v1/models", timeout=30)  # the listing still answers
+        assert code == 200, listed
         feed = {"input_1": np.random.default_rng(0).uniform(0, 1, (1, 64, 64, 3))
                 .astype(np.float32)}
         code, ok = d.request("POST", "/v1/infer/iris", encode(feed), timeout=120)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,15 +57,48 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
                               field="file") from None
     inits = {i.name for i in model.graph.initializer}
 
-    def spec(vi: onnx.ValueInfoProto) -> TensorSpec:
+    def spec(vi: onnx.ValueInfoProto, role: str) -> TensorSpec:
         tt = vi.type.tensor_type
+        try:
+            if vi.type.WhichOneof("value") != "tensor_type":
+                raise KeyError(vi.type.WhichOneof("value"))
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+        except (KeyError, TypeError, ValueError):
+            raise UnrunnableModel(f"{path.name}: {role} {vi.name!r} is {_kind_of(vi.type)}; "
+                                  "edgepilot serves models whose inputs and outputs are tensors"
+                                  f"{_ZIPMAP if _is_zipmap(vi.type) else ''}",
+                                  field="file") from None
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                       for d in tt.shape.dim)
-        return TensorSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name,
-                          shape)
+        return TensorSpec(vi.name, dtype, shape)
 
-    return ([spec(v) for v in model.graph.input if v.name not in inits],
-            [spec(v) for v in model.graph.output])
+    return ([spec(v, "input") for v in model.graph.input if v.name not in inits],
+            [spec(v, "output") for v in model.graph.output])
+
+
+_ZIPMAP = (" (skl2onnx writes a classifier's probabilities as a sequence of maps, ZipMap: "
+           "convert it with options={'zipmap': False} to get them as a tensor)")
+
+
+def _kind_of(t: Any) -> str:
+    """An ONNX type in words: 'a sequence of maps', 'a tensor of bfloat16', ..."""
+    import onnx
+
+    which = t.WhichOneof("value")
+    if which == "tensor_type":
+        return f"a tensor of {onnx.TensorProto.DataType.Name(t.tensor_type.elem_type).lower()}"
+    if which == "sequence_type":
+        return "a sequence of " + _kind_of(t.sequence_type.elem_type).removeprefix("a ") + "s"
+    if which == "map_type":
+        return "a map"
+    if which == "optional_type":
+        return "an optional " + _kind_of(t.optional_type.elem_type).removeprefix("a ")
+    return f"a {str(which or 'type of no kind').replace('_type', '').replace('_', ' ')}"
+
+
+def _is_zipmap(t: Any) -> bool:
+    return bool(t.WhichOneof("value") == "sequence_type"
+                and t.sequence_type.elem_type.WhichOneof("value") == "map_type")
 
 
 def _tflite_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
