@@ -53,6 +53,14 @@ def test_huge_shape_that_wraps_to_zero_is_refused() -> None:
     assert "elements" in err.value.message
 
 
+def test_an_empty_shape_whose_other_dims_numpy_cannot_size_is_refused() -> None:
+    # found by the property test above: 0 elements, yet numpy's reshape overflowed sizing it
+    with pytest.raises(CommandError) as err:
+        tensors_from_json({"x": {"data": [], "shape": [0, 4889, 77593, 77842, 78086]}})
+    assert err.value.field == "inputs.x.shape"
+    assert tensors_from_json({"x": {"data": [], "shape": [0, 3]}})["x"].shape == (0, 3)
+
+
 def test_bool_dimension_is_refused() -> None:
     with pytest.raises(CommandError) as err:
         tensors_from_json({"x": {"data": [1, 2], "shape": [True, 2]}})

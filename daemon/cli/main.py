@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `edgepilot ... | head`: the reader left; say nothing more (no traceback) and exit
+        # as a shell does when its output pipe closes
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         if args.command in _KEEP_TRACEBACK:
             raise  # the service's journal keeps what a crash says
@@ -99,8 +104,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"edgepilot: internal error: {type(exc).__name__}: {text} (a bug in edgepilot, "
               f"not in the input; traceback in {where})", file=sys.stderr)
         return 70
-    except BrokenPipeError:
-        # `edgepilot ... | head`: the reader left; say nothing more (no traceback) and exit
-        # as a shell does when its output pipe closes
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141

@@ -34,7 +34,9 @@ def _shape(value: Any, field: str) -> list[int]:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise CommandError(f"shape must be a list of non-negative integers, got {dim!r}",
                                field=field)
-        total *= dim
+        # a 0 dim empties the tensor, but numpy still sizes the rest of the shape: counted
+        # as 1, so [0, 5000, 80000, 80000, 80000] is refused here, not by numpy's reshape
+        total *= max(dim, 1)
         if total > MAX_ELEMENTS:
             break
     if total > MAX_ELEMENTS:
