@@ -25,6 +25,7 @@ import numpy as np
 from edgepilot.backends.base import Backend, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.measuring.timing import burst_ms
 from edgepilot.errors import EdgepilotError
 
 ROUNDS = 9
@@ -36,16 +37,6 @@ def hop_kind(src: str, dst: str) -> str:
     """``backend/device->backend/device`` of a hop from target ``src`` to target ``dst``."""
     a, b = Target.parse(src), Target.parse(dst)
     return f"{a.backend}/{a.device}->{b.backend}/{b.device}"
-
-
-def _burst(fn: Callable[[], object], calls: int) -> float:
-    fn()  # untimed: the other two variants ran in between
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
 
 
 def measure_hop(part: Partition, backends: Mapping[str, Backend], src: Target, dst: Target,
@@ -81,10 +72,10 @@ def measure_hop(part: Partition, backends: Mapping[str, Backend], src: Target, d
                                                 lambda: b_exe.run(b_feed)]
         residuals = []
         for r in range(rounds):
-            order = variants[r % 3:] + variants[:r % 3]  # each variant first in turn
-            ms = {id(fn): _burst(fn, calls) for fn in order}
-            p, a, b = (ms[id(fn)] for fn in variants)
-            residuals.append(p - a - b)
+            ms = [0.0, 0.0, 0.0]
+            for k in (r % 3, (r + 1) % 3, (r + 2) % 3):  # each variant first in turn
+                ms[k] = burst_ms(variants[k], calls)
+            residuals.append(ms[0] - ms[1] - ms[2])
         return statistics.median(residuals)
     except EdgepilotError:
         return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from edgepilot.dispatch.execution.executor import CompiledPlan
@@ -73,3 +74,15 @@ def plan_timing(compiled: CompiledPlan, feed: dict[str, Any], runs: int, settle:
     fastest: list[float] = []
     return (*time_plan(compiled, feed, runs, int(settle), SETTLE_MS if settle else MIN_TIMED_MS,
                        MAX_RUNS, fastest, cpu), fastest)
+
+
+def burst_ms(fn: Callable[[], object], calls: int) -> float:
+    """One variant's turn in an interleaved comparison: an untimed call (the others ran in
+    between: it brings this one's weights back into cache), then the median ms of ``calls``."""
+    fn()
+    ts = []
+    for _ in range(max(1, calls)):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)

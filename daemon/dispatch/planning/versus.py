@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from edgepilot.backends.base import Backend, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.measure import Progress
+from edgepilot.dispatch.measuring.timing import burst_ms
 from edgepilot.dispatch.planning.choice import describe
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.errors import EdgepilotError
@@ -44,16 +46,6 @@ class Verdict:
     keep_plan: bool
 
 
-def _burst(fn: Runner, feed: dict[str, np.ndarray], calls: int) -> float:
-    fn(feed)  # untimed: brings this variant's weights back into cache
-    ts = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn(feed)
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
-
-
 def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: float,
            rounds: int = ROUNDS, progress: Progress | None = None) -> Verdict:
     """Time ``plan`` and ``single`` side by side; keep the plan only when it wins beyond
@@ -69,7 +61,7 @@ def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: fl
             progress(r + 1, rounds, "the plan against the best single target, side by side")
         order = [(plan, p_times), (single, s_times)]
         for fn, into in (order if r % 2 == 0 else order[::-1]):
-            into.append(_burst(fn, feed, calls))
+            into.append(burst_ms(partial(fn, feed), calls))
     ratios = sorted(s / p for s, p in zip(s_times, p_times, strict=True))
     ratio = statistics.median(ratios)
     q = max(1, len(ratios) // 4)
