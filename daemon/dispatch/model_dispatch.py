@@ -113,8 +113,9 @@ class ModelDispatch:
                         cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
         except UnrunnableModel as exc:  # at shapes no one chose: say which and how to set them
             hint = open_dims_hint(self.path, specs, self.shapes)
-            raise UnrunnableModel(exc.message + hint, field=exc.field) from (None if hint
-                                                                             else exc)
+            if not hint:
+                raise
+            raise UnrunnableModel(exc.message + hint, field=exc.field) from None
         part, ref, adopted, self.spare = got.part, got.ref, got.adopted, got.spare
         self.part, self.targets, self.reference, self.published = \
             part, got.targets, ref, got.shell_of

@@ -103,10 +103,10 @@ def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
             "runner_up": None if ru is None else {"target": table.targets[ru[0]],
                                                   "predicted_ms": round(ru[1], 4)},
         })
-    segments = [(table.targets[t], s, e) for t, s, e in merge(assign)]
+    runs = merge(assign)
+    segments = [(table.targets[t], s, e) for t, s, e in runs]
     raw = plan_cost(table, assign)
     extra = builder.profile.extra
-    runs = merge(assign)
     hops = [{"layer": s, "from": table.targets[runs[k - 1][0]], "to": table.targets[t],
              "kind": hop_kind(table.targets[runs[k - 1][0]], table.targets[t]),
              "bytes": builder.part.boundary_bytes(s),
