@@ -5,12 +5,19 @@ device are what that provider actually runs: on ``cpu`` fp32, int8 (dynamic quan
 fast int8 path of the CPU EP) and int4 (weight-only ``MatMulNBits``); NPU-style providers get
 QDQ int8; GPU providers fp16. ``supports`` builds the session with CPU fallback *disabled* for
 any device that is not ``cpu`` itself, so "supported" means every node runs there.
+
+``cpu-1t`` is the CPU provider held to one intra-op thread. onnxruntime's default pool (one
+thread per core, idle workers not spinning: see ``allow_spinning``) costs a wake-up and a join
+on every operator; on a sub-millisecond streaming model (a VAD, a wake-word head) that is most
+of the call, and one thread runs it 1.2-1.3x faster, while a heavier model wants every core.
+Which one a model (or a layer) gets is the planner's choice from timings, like any target.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,10 +56,16 @@ PROVIDER_DEVICES: dict[str, str] = {
     "WebGpuExecutionProvider": "webgpu",
 }
 DEVICE_PROVIDERS = {v: k for k, v in PROVIDER_DEVICES.items()}
+SINGLE_THREAD = "cpu-1t"
+DEVICE_PROVIDERS[SINGLE_THREAD] = "CPUExecutionProvider"
+# devices run by the CPU provider: every standard op, so support needs no trial session
+CPU_DEVICES = ("cpu", SINGLE_THREAD)
 
 # precision -> variant recipe, per device; devices not listed get fp32 only
 DEVICE_PRECISIONS: dict[str, dict[str, str]] = {
     "cpu": {"fp32": "fp32", "int8": "int8-dynamic", "int4": "int4"},
+    # int4 is for weight-bound MatMuls, where all cores pay: not offered single-threaded
+    SINGLE_THREAD: {"fp32": "fp32", "int8": "int8-dynamic"},
     "xnnpack": {"fp32": "fp32", "int8": "int8-qdq"},
     "qnn": {"int8": "int8-qdq", "fp16": "fp16"},
     "nnapi": {"fp32": "fp32", "int8": "int8-qdq"},
@@ -162,7 +175,16 @@ class OnnxRuntimeBackend(Backend):
             if wanted is not None and prov not in wanted and dev not in wanted:
                 continue
             out.append(dev)
+        if "CPUExecutionProvider" in available and self._single_thread_differs() and (
+                wanted is None or {SINGLE_THREAD, "cpu", "CPUExecutionProvider"} & set(wanted)):
+            out.insert(out.index("cpu") + 1 if "cpu" in out else len(out), SINGLE_THREAD)
         return out
+
+    def _single_thread_differs(self) -> bool:
+        """Whether ``cpu-1t`` is another way to run than ``cpu`` here: off by setting, on a
+        one-core machine, or where ``intra_op_threads = 1`` already makes ``cpu`` one thread."""
+        return (self.settings.single_thread and (os.cpu_count() or 1) > 1
+                and self.settings.intra_op_threads != 1)
 
     def probe(self) -> list[Target]:
         return [Target(self.name, dev, prec) for dev in self.devices()
@@ -208,7 +230,7 @@ class OnnxRuntimeBackend(Backend):
         ort = self._ort
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        threads = self.settings.intra_op_threads
+        threads = 1 if device == SINGLE_THREAD else self.settings.intra_op_threads
         if threads:
             opts.intra_op_num_threads = threads
         opts.log_severity_level = 3
@@ -218,7 +240,7 @@ class OnnxRuntimeBackend(Backend):
             # the running session needs (2x slower on 2 cores with one of them busy)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         provider = DEVICE_PROVIDERS[device]
-        if strict and device != "cpu":
+        if strict and device not in CPU_DEVICES:
             # no silent CPU fallback: a node the provider does not take fails the session
             opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         popts = self.settings.provider_options
@@ -236,7 +258,7 @@ class OnnxRuntimeBackend(Backend):
         if target.precision not in DEVICE_PRECISIONS.get(target.device, {"fp32": "fp32"}):
             return Support(False, f"onnxruntime/{target.device} does not run "
                                   f"{target.precision}")
-        if target.device == "cpu":
+        if target.device in CPU_DEVICES:
             return Support(True)  # the CPU EP takes every standard op
         key = (_segment_key(segment), str(target))
         if key not in self._support:

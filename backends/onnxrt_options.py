@@ -21,6 +21,10 @@ class OnnxRuntimeSection(BackendOptions):
         default_factory=dict,
         description="Per-provider options, e.g. QNNExecutionProvider = {backend_path = ...}.")
     intra_op_threads: int = Field(0, ge=0, le=256, description="0 = runtime default.")
+    single_thread: bool = Field(
+        True, description="Offer `cpu-1t`, the CPU provider on one intra-op thread, as a target "
+        "of its own (on a machine with more than one core): the planner picks it where it is "
+        "faster, a sub-millisecond model or layer, and `cpu` (every core) elsewhere.")
     allow_spinning: bool = Field(
         False, description="Let idle intra-op threads spin for work (onnxruntime's default). "
         "Off: a daemon holds many sessions (models, plan segments) next to llama.cpp, and "

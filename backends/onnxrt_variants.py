@@ -32,7 +32,8 @@ class _QuietQuantizer(logging.Filter):
         msg = str(record.msg)
         return not msg.startswith(("Please consider to run pre-processing",
                                    "Quantization parameters for tensor",
-                                   "Ignore MatMul due to non constant B"))
+                                   "Ignore MatMul due to non constant B",
+                                   "Inference failed or unsupported type to quantize"))
 
 
 logging.getLogger().addFilter(_QuietQuantizer())

@@ -102,3 +102,54 @@ def test_generators_are_deterministic(tmp_path: Path) -> None:
         make(a)
         make(b)
         assert a.read_bytes() == b.read_bytes()
+
+
+def _threads(exe: object) -> int:
+    session = exe._session  # type: ignore[attr-defined]
+    return int(session.get_session_options().intra_op_num_threads)
+
+
+def test_single_thread_device_runs_the_cpu_provider_on_one_thread(
+        backend: OnnxRuntimeBackend, mlp: Path) -> None:
+    """``cpu-1t`` is offered beside ``cpu`` (this machine has two cores), takes every op as
+    the CPU provider does, computes the same numbers, on one intra-op thread."""
+    names = [str(t) for t in backend.probe()]
+    assert {"onnxruntime/cpu-1t/fp32", "onnxruntime/cpu-1t/int8"} <= set(names)
+    assert "onnxruntime/cpu-1t/int4" not in names
+    # listed right after the default CPU device's targets, before other providers'
+    assert names.index("onnxruntime/cpu-1t/fp32") > names.index("onnxruntime/cpu/int4")
+    seg = Segment(mlp, "onnx", ("x",), ("y",))
+    one = Target("onnxruntime", "cpu-1t", "fp32")
+    assert backend.supports(seg, one)
+    feed = onnx_gen.sample_inputs(mlp)[0]
+    single = backend.compile(seg, one)
+    default = backend.compile(seg, Target("onnxruntime", "cpu", "fp32"))
+    np.testing.assert_allclose(single.run(feed)["y"], default.run(feed)["y"], rtol=1e-5,
+                               atol=1e-6)
+    assert _threads(single) == 1
+    assert _threads(default) == 0  # the runtime's own default: a thread per core
+
+
+@pytest.mark.parametrize("settings", [{"single_thread": False}, {"intra_op_threads": 1},
+                                      {"providers": ["XnnpackExecutionProvider"]}])
+def test_single_thread_device_withdrawn(settings: dict[str, object]) -> None:
+    """Off by setting, where ``cpu`` is one thread already, or where the CPU provider is not
+    among the configured ones."""
+    from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
+
+    backend = OnnxRuntimeBackend(OnnxRuntimeSection.model_validate(settings))
+    assert "cpu-1t" not in backend.devices()
+    with pytest.raises(BackendError, match="not available here"):
+        backend.compile(Segment(Path("x.onnx"), "onnx", ("x",), ("y",)),
+                        Target("onnxruntime", "cpu-1t", "fp32"))
+
+
+def test_single_thread_device_alone(mlp: Path) -> None:
+    """``providers = ["cpu-1t"]`` offers the one-thread CPU device only."""
+    from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
+
+    backend = OnnxRuntimeBackend(OnnxRuntimeSection(providers=["cpu-1t"]))
+    assert backend.devices() == ["cpu-1t"]
+    exe = backend.compile(Segment(mlp, "onnx", ("x",), ("y",)),
+                          Target("onnxruntime", "cpu-1t", "int8"))
+    assert _threads(exe) == 1

@@ -16,7 +16,8 @@ CONFIG = """
 [dispatch]
 profile_runs = 3
 warmup_runs = 1
-targets = ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8", "onnxruntime/cpu/int4"]
+targets = ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8", "onnxruntime/cpu/int4",
+           "onnxruntime/cpu-1t/fp32"]
 [mqtt]
 enabled = false
 """
@@ -41,7 +42,7 @@ def check_plan_shape(plan: dict[str, Any]) -> None:
     assert len(plan["hash"]) == 10
     for layer in plan["layers"]:
         assert set(layer) >= LAYER_KEYS
-        assert layer["target"].startswith("onnxruntime/cpu/")
+        assert layer["target"].startswith(("onnxruntime/cpu/", "onnxruntime/cpu-1t/"))
         ru = layer["runner_up"]
         assert ru is None or set(ru) == {"target", "predicted_ms"}
 
@@ -56,6 +57,8 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     assert list((tmp_path / "st" / "plans").glob("tf-*.json"))
     # the first plan on this board measured the kernel corpus of every target, once
     assert len(list((tmp_path / "st" / "corpus").glob("onnxruntime_cpu_*.json"))) == 3
+    # and the one-thread CPU device's, a target of its own (this machine has two cores)
+    assert len(list((tmp_path / "st" / "corpus").glob("onnxruntime_cpu-1t_*.json"))) == 1
     assert all(layer["roofline_ms"] > 0 for layer in plan["layers"])
     again = json.loads(cli(tmp_path, "plan", "tf", "--json").stdout)
     assert again["from_cache"] and again["hash"] == plan["hash"]
@@ -68,7 +71,7 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     assert set(data["compiles"].values()) == {3} and data["runs"] >= 3
     assert set(data["plan"]) >= {"median_ms", "predicted_ms", "targets", "error"}
     assert set(data["single"]) == {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8",
-                                   "onnxruntime/cpu/int4"}
+                                   "onnxruntime/cpu/int4", "onnxruntime/cpu-1t/fp32"}
     for row in data["single"].values():
         assert set(row) >= {"median_ms", "error", "within_tolerance"}
         assert row.get("p95_ms", row["median_ms"]) >= row["median_ms"]

@@ -43,7 +43,7 @@ def device_of(target: str) -> str:
     """The physical device a target's memory lives on (for budgets)."""
     t = Target.parse(target)
     dev = t.device.lower()
-    if dev in ("cpu", "xnnpack", "cpuref", "cpuacc", "dnnl", "acl", "armnn"):
+    if dev in ("cpu", "cpu-1t", "xnnpack", "cpuref", "cpuacc", "dnnl", "acl", "armnn"):
         return "cpu"
     if dev in ("cuda", "tensorrt", "gpu", "gpuacc", "webgpu", "opencl"):
         return "gpu"
