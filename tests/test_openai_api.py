@@ -243,7 +243,13 @@ BAD = [
      "top_logprobs"),
     ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": [True]}, "logprobs"),
     ("/v1/embeddings", {"input": [1, 2]}, "input"),
+    ("/v1/embeddings", {"input": [[9906, 1917]]}, "input"),
     ("/v1/embeddings", {}, "input"),
+    ("/v1/completions", {"prompt": [9906, 1917]}, "prompt"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logit_bias": {"50256": -100}},
+     "logit_bias"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "modalities": ["text", "audio"]},
+     "modalities.1"),
 ]
 
 
@@ -385,3 +391,32 @@ def test_an_answer_past_the_context_ends_with_length_not_an_error(
         end = list(gen)[-1] if stream else gen
         assert isinstance(end, ollama.GenerateResponse)
         assert end.done and end.done_reason == "length" and end.eval_count == room
+
+
+def test_fields_clients_forward_are_accepted_and_nulls_are_defaults(
+        client: openai.OpenAI) -> None:
+    """LangChain, litellm and the SDK forward what their users set: OpenAI's fields that
+    change nothing a local model generates are accepted (and ignored); null is the default."""
+    got = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=2, temperature=None,  # type: ignore[arg-type]
+        top_p=None, presence_penalty=None, n=None, store=False, metadata={"run": "7"},
+        service_tier="auto", prompt_cache_key="k", safety_identifier="u1",
+        reasoning_effort="low", verbosity="low", modalities=["text"], logit_bias={},
+        user="board-7")
+    assert got.choices[0].message.role == "assistant"
+    assert client.completions.create(model="tiny", prompt=["the board"], max_tokens=2,
+                                     logit_bias={}).choices[0].text is not None
+
+
+def test_one_model_by_id_and_an_unknown_one(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("tiny")
+    assert model.id == "tiny" and model.object == "model"
+    with pytest.raises(openai.NotFoundError, match=r"'ghost' is not served here.*tiny"):
+        client.models.retrieve("ghost")
+
+
+def test_token_ids_are_refused_in_one_line_naming_the_way_out(client: openai.OpenAI) -> None:
+    """Token ids are OpenAI's (tiktoken) when LangChain's OpenAIEmbeddings sends them: embedding
+    them as this model's would answer silently wrong."""
+    with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False"):
+        client.embeddings.create(model="tiny", input=[[9906, 1917]])

@@ -21,6 +21,12 @@ from edgepilot.errors import CommandError
 # OpenAI and Ollama document; llama.cpp's own JSON grammar would also allow bare values)
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 MAX_SCHEMA_BYTES = 64 * 1024
+# llama-cpp-python's converter (0.3.x) lets a JSON string hold any character but a quote or a
+# backslash: a raw newline or tab too, which JSON forbids (json.loads, pydantic and the OpenAI
+# SDK's `.parse()` refuse it). llama.cpp's own converter excludes the control characters; so
+# does every grammar handed to it here.
+_LOOSE_CHAR = r'[^"\\]'
+_JSON_CHAR = r'[^"\\\x7F\x00-\x1F]'
 
 
 def check_schema(schema: Any, field: str) -> dict[str, Any]:
@@ -48,11 +54,12 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
     check_schema(schema, field)
     llama_cpp = import_llama_cpp()
     try:
-        return str(llama_cpp.llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
+        gbnf = str(llama_cpp.llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
     except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError,
             RecursionError, AssertionError) as exc:
         raise CommandError(f"{field}: llama.cpp cannot constrain generation to this schema "
                            f"({type(exc).__name__}: {exc})", field=field) from None
+    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
 def grammar_of(gbnf: str, field: str = "grammar") -> Any:

@@ -97,8 +97,9 @@ def validation_body(errs: Any) -> dict[str, Any]:
         return {"code": "bad_request", "field": "body",
                 "message": "request body must be a JSON object sent with 'Content-Type: "
                            f"application/json' ({first.get('msg')})"}
-    return {"code": "bad_request", "field": field,
-            "message": f"field '{field}': {first.get('msg')}"}
+    # a model's own check (a ValueError) reads as its message, without pydantic's prefix
+    msg = str(first.get("msg")).removeprefix("Value error, ")
+    return {"code": "bad_request", "field": field, "message": f"field '{field}': {msg}"}
 
 
 # The OpenAI routes' bodies are parsed and validated by FastAPI on the event loop (their

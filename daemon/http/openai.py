@@ -23,10 +23,10 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from edgepilot.command_registry import error_body
-from edgepilot.errors import CommandError, EdgepilotError
+from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.openai_tools import (
     check_messages,
@@ -127,6 +127,31 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+# sampling fields a client may send as null for "the default"
+_NULLABLE = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "n", "stream",
+             "logit_bias")
+
+
+def _no_token_ids(value: Any) -> Any:
+    """Token ids are a tokenizer's: OpenAI clients that send them (LangChain's
+    OpenAIEmbeddings counts with tiktoken) mean OpenAI's, which are not this model's."""
+    if isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
+        raise ValueError("token ids are not supported: ids are tokenizer-specific (a client "
+                         "counting with tiktoken sends OpenAI's, not this model's); send text "
+                         "(LangChain: OpenAIEmbeddings(check_embedding_ctx_length=False))")
+    return value
+
+
+# text, or what an OpenAI client may send instead: token ids, refused naming the field
+Texts = Annotated[Text | list[Text] | list[int] | list[list[int]], AfterValidator(_no_token_ids)]
+
+
+def _no_bias(bias: dict[str, float]) -> dict[str, float]:
+    if bias:
+        raise ValueError("logit_bias is not supported here; send it empty or leave it out")
+    return bias
+
+
 class Sampling(_Strict):
     model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
@@ -139,11 +164,35 @@ class Sampling(_Strict):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     n: Literal[1] = Field(1, description="Only one choice per request is generated.")
-    user: str | None = Field(None, max_length=256)
     adapter: str | None = Field(
         None, min_length=1, max_length=64,
         description="A LoRA adapter of the model (its [[models]] adapters); the model name "
                     "'<model>:<adapter>' picks one too.")
+    logit_bias: Annotated[dict[str, float], AfterValidator(_no_bias)] | None = Field(
+        None, description="Not supported: only empty (or null) is accepted.")
+    # fields of OpenAI's request that change nothing a local model generates (where an answer
+    # is stored, billing tiers, cache routing, a reasoning model's budget): clients and
+    # frameworks forward them from their settings, so they are accepted and ignored, as
+    # llama.cpp's server and Ollama's /v1 do
+    store: bool | None = Field(None, description="Accepted and ignored (nothing is stored).")
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
+    service_tier: str | None = Field(None, max_length=64, description="Accepted and ignored.")
+    prompt_cache_key: str | None = Field(None, max_length=1024,
+                                         description="Accepted and ignored (prefix reuse is "
+                                                     "automatic).")
+    safety_identifier: str | None = Field(None, max_length=256,
+                                          description="Accepted and ignored.")
+    reasoning_effort: str | None = Field(None, max_length=32,
+                                         description="Accepted and ignored.")
+    verbosity: str | None = Field(None, max_length=32, description="Accepted and ignored.")
+    user: str | None = Field(None, max_length=256, description="Accepted and ignored.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (v is None and k in _NULLABLE)}
+        return data
 
     def llama_params(self) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -174,10 +223,11 @@ class ChatRequest(Sampling):
     logprobs: bool | None = Field(None, description="Each answer token's logprob.")
     top_logprobs: int | None = Field(None, ge=0, le=20,
                                      description="Alternatives per token (needs logprobs).")
+    modalities: list[Literal["text"]] | None = Field(None, description="Text only.")
 
 
 class CompletionRequest(Sampling):
-    prompt: Text | list[Text]
+    prompt: Texts
     logprobs: int | None = Field(None, ge=0, le=5, description="Each answer token's logprob "
                                  "and this many alternatives.")
 
@@ -198,6 +248,17 @@ async def list_models(request: Request) -> dict[str, Any]:
              **({"chat_template": templates[m["name"]]} if m["name"] in templates else {})}
             for m in listing]
     return {"object": "list", "data": data}
+
+
+@router.get("/v1/models/{model:path}", summary="One model this daemon can serve (OpenAI shape)")
+async def get_model(model: str, request: Request) -> dict[str, Any]:
+    listing = await list_models(request)
+    for item in listing["data"]:
+        if item["id"] == model:
+            return dict(item)
+    raise NotFoundError(f"model {model!r} is not served here; known: "
+                        f"{', '.join(m['id'] for m in listing['data']) or 'none'}",
+                        field="model")
 
 
 def _templates(gen: Generator, names: list[str]) -> dict[str, dict[str, str]]:
@@ -250,8 +311,9 @@ async def completions(req: CompletionRequest, request: Request) -> Any:
     prompt = req.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
-            raise CommandError("exactly one prompt per request is supported", field="prompt")
-        prompt = prompt[0]
+            raise CommandError(f"prompt holds {len(prompt)} prompts; exactly one per request "
+                               "is supported", field="prompt")
+        prompt = str(prompt[0])
     params = {**req.llama_params(), **logprob_params(req.logprobs, None)}
     return await _answer(request, req, "complete", prompt, params,
                          completion_shape="logprobs_top" in params)
@@ -306,7 +368,9 @@ async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool,
 
 class EmbeddingRequest(_Strict):
     model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
-    input: Text | list[Text] = Field(description="A text or up to 256 texts.")
+    input: Texts = Field(
+        description="A text or up to 256 texts (token ids are refused: they are tokenizer-"
+                    "specific).")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes, base64-encoded.")
     dimensions: int | None = Field(None, ge=1, description="Keep the first N dimensions.")
@@ -315,7 +379,7 @@ class EmbeddingRequest(_Strict):
 
 @router.post("/v1/embeddings", summary="OpenAI embeddings (GGUF models, L2-normalised)")
 async def embeddings(req: EmbeddingRequest, request: Request) -> Any:
-    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    texts = [req.input] if isinstance(req.input, str) else [str(t) for t in req.input]
     if not 1 <= len(texts) <= 256:
         raise CommandError(f"input has {len(texts)} texts; allowed 1..256", field="input")
     vectors, tokens = await _generator(request).embed(req.model, texts)

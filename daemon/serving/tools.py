@@ -69,7 +69,9 @@ class ToolRequest:
         if not self.active or not text.lstrip().startswith(("{", "[")):
             return None
         try:
-            call = json.loads(text)
+            # not strict: a raw control character inside a string (a model writing a newline
+            # where no grammar held it) is still the call it meant; re-dumped escaped below
+            call = json.loads(text, strict=False)
         except json.JSONDecodeError:
             return None  # cut off by max_tokens: the text is returned as it is
         if isinstance(call, list) and len(call) == 1:  # the list form of one call
