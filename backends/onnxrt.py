@@ -233,7 +233,7 @@ class OnnxRuntimeBackend(Backend):
         threads = 1 if device == SINGLE_THREAD else self.settings.intra_op_threads
         if threads:
             opts.intra_op_num_threads = threads
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # its errors reach us as exceptions, not on stderr too
         if not self.settings.allow_spinning:
             # idle workers otherwise spin for work: with several sessions in one process (the
             # segments of a plan, other models) or another busy process, they take the core

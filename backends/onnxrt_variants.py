@@ -31,6 +31,8 @@ class _QuietQuantizer(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = str(record.msg)
         return not msg.startswith(("Please consider to run pre-processing",
+                                   "Please check if the model is already quantized",
+                                   "The original model opset version is",
                                    "Quantization parameters for tensor",
                                    "Ignore MatMul due to non constant B",
                                    "Inference failed or unsupported type to quantize"))

@@ -21,8 +21,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from daemon_proc import DaemonProcess
+from onnx import numpy_helper
 from real_models import UNRUNNABLE, by_name
 
 from edgepilot.backends.base import TensorSpec
@@ -240,3 +242,57 @@ def test_open_dims_run_at_placeholder_shapes_say_which_and_how_to_set_them(
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
     assert plan["error"] is not None and plan["error"] <= plan["tolerance"]
+
+
+# ONNX's own test models, shipped inside the onnx wheel: exports and hand-written graphs no one
+# here made
+ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+def test_sequence_values_between_nodes_plan_the_model_whole(tmp_path: Path) -> None:
+    """A sequence of tensors of three shapes passed between nodes (no segment can hand one
+    on): the model is planned whole, not an internal error."""
+    res = cli(tmp_path, "plan", str(ONNX_DATA / "simple" / "test_sequence_model1" / "model.onnx"),
+              "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert len(plan["segments"]) == 1 and plan["error"] == 0, plan
+
+
+def test_initializers_listed_as_inputs_before_ir4_are_not_asked_for(tmp_path: Path) -> None:
+    """IR 3 lists every initializer as a graph input too; these files make their weights with
+    ConstantOfShape from such initializers, which folding removes: only the real input is fed."""
+    path = ONNX_DATA / "light" / "light_squeezenet.onnx"
+    assert onnx.load(str(path)).ir_version == 3
+    res = cli(tmp_path, "plan", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert list(plan["inputs_used"]["inputs"]) == ["data_0"] and plan["error"] == 0, plan
+
+
+def test_an_integer_input_holding_a_shape_says_where_real_samples_go(tmp_path: Path) -> None:
+    """Expand to a shape given as an input: generated ids are no valid shape. The one line says
+    which input got what, and where real samples go; given there, the model plans."""
+    case = ONNX_DATA / "simple" / "test_expand_shape_model1"
+    res = cli(tmp_path, "plan", str(case / "model.onnx"))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr  # and no onnxruntime log line beside it
+    assert "invalid expand shape (onnxruntime/cpu/fp32, " in lines[0]
+    assert "'shape' ids in" in lines[0] and "calibration_dir" in lines[0]
+    model = onnx.load(str(case / "model.onnx"))
+    arrays = {}
+    for k, vi in enumerate(model.graph.input):
+        tensor = onnx.TensorProto()
+        tensor.ParseFromString((case / "test_data_set_0" / f"input_{k}.pb").read_bytes())
+        arrays[vi.name] = numpy_helper.to_array(tensor)
+    (tmp_path / "calib").mkdir()
+    np.savez(tmp_path / "calib" / "model.npz", **arrays)
+    (tmp_path / "calib.toml").write_text(CONFIG.replace(
+        "[dispatch]", f'[dispatch]\ncalibration_dir = "{tmp_path / "calib"}"'))
+    res = subprocess.run(
+        [sys.executable, "-m", "edgepilot", "--config", str(tmp_path / "calib.toml"),
+         "--state-dir", str(tmp_path / "st"), "plan", str(case / "model.onnx"), "--json"],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["inputs_used"]["source"] == "calibration_dir"

@@ -111,8 +111,9 @@ class ModelDispatch:
             got = begin(shared if not reprofile else None, self.key_parts, self.path, kind,
                         self.shapes, self.backends, self.targets, self.calibration,
                         cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
-        except UnrunnableModel as exc:  # at shapes no one chose: say which and how to set them
-            hint = open_dims_hint(self.path, specs, self.shapes)
+        except UnrunnableModel as exc:  # at shapes or values no one chose: say which, and how
+            hint = open_dims_hint(self.path, specs, self.shapes) + samples.generated_hint(
+                specs, self.name)
             if not hint:
                 raise
             raise UnrunnableModel(exc.message + hint, field=exc.field) from None

@@ -79,6 +79,8 @@ class ConcreteGraph:
     model: onnx.ModelProto | None = None
     # makes and writes it again once ``model`` was dropped unwritten
     rebuild: Callable[[], object] | None = None
+    # values no tensor describes (a sequence, an absent optional): no segment can hand one on
+    opaque: frozenset[str] = frozenset()
 
     def load(self) -> onnx.ModelProto:
         return self.model if self.model is not None else onnx.load(str(self.path))
@@ -139,7 +141,7 @@ def _fold(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto | None:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.optimized_model_filepath = str(out)
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # its errors reach us as exceptions, not on stderr too
     try:
         ort.InferenceSession(model.SerializeToString(), sess_options=opts,
                              providers=["CPUExecutionProvider"], disabled_optimizers=_NO_FUSIONS)
@@ -149,6 +151,14 @@ def _fold(model: onnx.ModelProto, workdir: Path) -> onnx.ModelProto | None:
         return None
     # the optimizer keeps the opsets it was given; keep the model's own metadata too
     folded.ir_version = model.ir_version
+    # before IR 4 an initializer is listed as a graph input too; one folded away (a weight
+    # made by ConstantOfShape from it) must not stay behind as an input a run then requires
+    real = {i.name for i in model.graph.input} - {i.name for i in model.graph.initializer}
+    kept = {i.name for i in folded.graph.initializer} | real
+    inputs = [vi for vi in folded.graph.input if vi.name in kept]
+    if len(inputs) != len(folded.graph.input):
+        del folded.graph.input[:]
+        folded.graph.input.extend(inputs)
     return folded
 
 
@@ -177,8 +187,10 @@ def _collect(model: onnx.ModelProto) -> dict[str, TensorInfo]:
 
 
 def _measure(model: onnx.ModelProto, names: list[str],
-             feed: Mapping[str, np.ndarray]) -> dict[str, TensorInfo]:
-    """Run ``model`` once with ``names`` exposed as outputs; their dtypes and shapes."""
+             feed: Mapping[str, np.ndarray]) -> tuple[dict[str, TensorInfo], set[str]]:
+    """Run ``model`` once with ``names`` exposed as outputs: the dtypes and shapes of those
+    that are tensors, and the names of those that are not (a sequence's list of tensors, an
+    absent optional), which have neither."""
     import onnxruntime as ort
 
     probe = onnx.ModelProto()
@@ -190,7 +202,7 @@ def _measure(model: onnx.ModelProto, names: list[str],
     opts = ort.SessionOptions()
     # optimisations may fuse away the very tensors asked for
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # its errors reach us as exceptions, not on stderr too
     try:
         sess = ort.InferenceSession(probe.SerializeToString(), sess_options=opts,
                                     providers=["CPUExecutionProvider"])
@@ -200,8 +212,13 @@ def _measure(model: onnx.ModelProto, names: list[str],
         raise PlanError(f"cannot determine the shapes of {len(names)} tensors "
                         f"(e.g. {names[0]!r}) by running the model: {exc}",
                         field="model") from None
-    return {n: TensorInfo(np.asarray(v).dtype.name, tuple(np.shape(v)))
-            for n, v in zip(wanted, values, strict=True)}
+    found = {n: TensorInfo(v.dtype.name, tuple(v.shape))
+             for n, v in zip(wanted, values, strict=True) if isinstance(v, np.ndarray)}
+    return found, {n for n in wanted if n not in found}
+
+
+def _opaque(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> frozenset[str]:
+    return frozenset(t for n in model.graph.node for t in n.output if t and t not in tensors)
 
 
 def _annotate(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo],
@@ -255,7 +272,8 @@ def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Pat
         try:
             model = onnx.load(str(out))
             tensors = _collect(model)
-            return ConcreteGraph(out, tensors, folded=True, measured=0)
+            return ConcreteGraph(out, tensors, folded=True, measured=0,
+                                 opaque=_opaque(model, tensors))
         except Exception:  # a damaged cache entry is rebuilt
             log.warning("rebuilding damaged shape cache %s", out)
     try:
@@ -281,9 +299,13 @@ def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Pat
             raise PlanError(f"{len(missing)} tensors of {path.name} have no inferable shape "
                             f"(e.g. {missing[0]!r}) and no sample input was given",
                             field="model")
-        tensors.update(_measure(model, missing, feed))
-        measured = len(missing)
-    still = [t for n in g.node for t in n.output if t and t not in tensors]
+        found, opaque = _measure(model, missing, feed)
+        tensors.update(found)
+        measured = len(found)
+        missing = list(found)
+    else:
+        opaque = set()
+    still = [t for n in g.node for t in n.output if t and t not in tensors and t not in opaque]
     if still:
         raise PlanError(f"{path.name}: tensors {still[:3]} were neither inferred nor produced "
                         "by a run; cannot cut this graph", field="model")
@@ -291,7 +313,7 @@ def concrete_graph(path: Path, model_sha256: str, shapes: Shapes, cache_dir: Pat
     log.info("%s: shapes for %s (%s folded, %d tensors measured)", path.name, sig,
              "constant" if folded is not None else "not", measured)
     graph = ConcreteGraph(out, tensors, folded=folded is not None, measured=measured,
-                          model=model)
+                          model=model, opaque=frozenset(opaque))
     if write:
         graph.write()
     return graph

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,8 @@ from edgepilot.backends.base import Backend, ModelKind, Segment, Target
 from edgepilot.errors import ModelError, PlanError
 from edgepilot.formats import files
 from edgepilot.formats.graph_node import Node
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # onnx is imported only for ONNX models
     from edgepilot.dispatch.graph.onnx_shapes import ConcreteGraph
@@ -322,6 +325,13 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         graph = concrete_graph(path, digest, dict(shapes), cache_dir, feed, write=False)
         graph_path = graph.path
         nodes, ins, outs, sizes = nodes_of(graph.load(), graph.tensors)
+        if graph.opaque:
+            # a sequence (or an absent optional) between two nodes cannot cross from one
+            # segment to the next: the model runs whole, its best target picked as for any
+            log.info("%s: %d values are no tensors (e.g. %r): planned whole", path.name,
+                     len(graph.opaque), sorted(graph.opaque)[0])
+            sizes.update(dict.fromkeys(graph.opaque, 0))
+            max_layers = 1
         if graph.model is not None:
             graph.rebuild = functools.partial(concrete_graph, path, digest, dict(shapes),
                                               cache_dir, feed)

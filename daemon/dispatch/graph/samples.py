@@ -77,6 +77,19 @@ class Samples:
     def describe(self) -> dict[str, Any]:
         return {"source": self.source, "count": len(self.feeds), "inputs": dict(self.rules)}
 
+    def generated_hint(self, specs: Sequence[TensorSpec], model: str) -> str:
+        """What to add to an error of a model that failed on generated inputs with integer
+        inputs among them (a size, an index, a shape only its caller knows): which, and
+        where real samples go ("" otherwise)."""
+        ints = [s.name for s in specs if s.name in self.rules and not _is_float(s.dtype)
+                and s.dtype != "bool"]
+        if self.source != "generated" or not ints:
+            return ""
+        shown = ", ".join(f"{n!r} {self.rules[n]}" for n in ints)
+        return (f"; it ran on generated inputs ({shown}): where an integer input holds sizes, "
+                f"indices or a shape, put real samples in [dispatch] calibration_dir "
+                f"(<dir>/{model}.npz, one array per input)")
+
 
 # ---- graph hints (ONNX) ----------------------------------------------------------------------
 def rules_for(path: Path, kind: str, specs: Sequence[TensorSpec]) -> dict[str, Rule]:

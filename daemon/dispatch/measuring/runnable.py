@@ -112,7 +112,9 @@ def _strip(message: str, part: Partition) -> str:
     """The reason in one line, without the 'could not build FILE on TARGET:' prefix the
     error line already says."""
     text = " ".join(message.split())
-    return re.sub(rf"^.*?{re.escape(part.model_path.name)} on \S+: ", "", text)[:300]
+    text = re.sub(rf"^.*?{re.escape(part.model_path.name)} on \S+: ", "", text)
+    # "onnxruntime failed on T: why": the targets are listed after the reason, once for all
+    return re.sub(r"^(\w+) failed on \S+: ", r"\1: ", text)[:300]
 
 
 def runnable_layers(part: Partition, backend: Backend, reference: Target,
