@@ -169,3 +169,26 @@ def test_a_whole_model_is_timed_as_its_plan_is_checked(mlp_path: Path) -> None:
     # the CPU those runs took (every thread of the process), kept with the profile: what
     # bench compares with its own runs' to tell the work from the parallelism it got
     assert md.builder.profile.extra["whole_cpu_ms"][str(FP32)] > 0
+
+
+def test_a_precision_recipe_that_changes_nothing_is_not_timed_again(
+        tmp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    """int4 quantizes MatMuls only: a convolution's int4 session is the fp32 one byte for byte.
+    Its cells (and whole model) carry the fp32 figures, named, instead of a second timing of
+    the same kernel on the same device; across the two passes too."""
+    path = tmp_path / "cnn.onnx"
+    onnx_gen.small_cnn(path, size=32, channels=(8, 16))
+    part = partition(path)
+    table = Measurer(part, {"onnxruntime": ort_backend}, [FP32, INT4], FP32,
+                     onnx_gen.sample_inputs(path, count=2), runs=3, warmup=1, passes=2).table()
+    twins = [row[str(INT4)] for row in table.cells if row[str(INT4)].same_as]
+    assert twins and len(twins) >= len(table.cells) - 1  # every conv layer at least
+    for row in table.cells:
+        cell = row[str(INT4)]
+        if cell.same_as:
+            assert cell.same_as == str(FP32) and cell.error == row[str(FP32)].error == 0
+            assert cell.ms == row[str(FP32)].ms  # the second pass's lower median included
+    assert table.overhead_ms[str(INT4)] == table.overhead_ms[str(FP32)]
+    again = LatencyTable.from_dict(table.as_dict())
+    assert [r[str(INT4)].same_as for r in again.cells] == [r[str(INT4)].same_as
+                                                          for r in table.cells]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 # planning). Both conditions, so a target whose per-call cost swamps small layers but not big
 # ones (an NPU delegate) is still timed on the big ones. (``bench.py`` has a crawl rule of its
 # own, against the plan's whole time: a bench times variants, planning times layers.)
-CRAWL_FACTOR = 9.0  # measure.py's early stop squared: where a cell's first run ends it
+CRAWL_FACTOR = 9.0  # measure.py's COLD_FACTOR x EARLY_FACTOR: where a cell's first run ends it
 CRAWL_LAYERS = 3
 CRAWL_MS = 2000.0
 

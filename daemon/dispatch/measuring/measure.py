@@ -24,7 +24,13 @@ from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
-from edgepilot.dispatch.measuring.timing import MAX_RUNS, MIN_TIMED_MS, plan_timing
+from edgepilot.dispatch.measuring.timing import (
+    EARLY_RUNS,
+    LAYER_MAX_TIMED_MS,
+    MAX_RUNS,
+    MIN_TIMED_MS,
+    plan_timing,
+)
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
 
@@ -41,6 +47,9 @@ class Cell:
     error: float | None = None
     memory: int = 0
     reason: str = ""
+    # the target whose compiled segment this one's is, byte for byte, on the same device (an
+    # int4 recipe of a graph with no MatMul changes nothing): its figures, not timed again
+    same_as: str | None = None
 
 
 @dataclass
@@ -69,9 +78,13 @@ class LatencyTable:
 
 
 # early elimination: after this many timed runs, a candidate this many times slower than the
-# best one measured for the same layer cannot change the decision and is timed no further
-EARLY_RUNS = 3
-EARLY_FACTOR = 3.0
+# best one measured for the same layer cannot change the decision and is timed no further (nor
+# timed again in a later pass); its median of those runs stands. A cell 1.5x its layer's best
+# is chosen only where hops cost over half the layer, and then the plan stays on one target.
+EARLY_FACTOR = 1.5
+# a first run this many times over the bound ends a cell before its warm-up and timed runs
+# (a cold first run may be a few times slower than a warm one, not this much: 9x the best)
+COLD_FACTOR = 6.0
 
 
 def median_ms(fn: Callable[[], object], runs: int, warmup: int,
@@ -93,6 +106,8 @@ def median_ms(fn: Callable[[], object], runs: int, warmup: int,
         if (bound_ms is not None and len(times) >= EARLY_RUNS
                 and statistics.median(times) * 1e3 > bound_ms):
             break
+        if len(times) >= EARLY_RUNS and sum(times) * 1e3 >= LAYER_MAX_TIMED_MS:
+            break  # a heavy layer: its median is steady long before ``runs``
         if len(times) == want and min_total_ms > 0:
             total_ms = sum(times) * 1e3
             if total_ms < min_total_ms:
@@ -167,6 +182,8 @@ class Measurer:
         self.progress = progress
         self.passes = max(1, passes)
         self._ref_envs: list[dict[str, np.ndarray]] | None = None
+        # (target, start, end) -> digest of the compiled segment (for Cell.same_as)
+        self._digests: dict[tuple[str, int, int], str] = {}
         self.whole_cpu_ms: dict[str, float] = {}  # CPU ms a whole-model run took (plan_ms)
 
     def compile(self, start: int, end: int, target: Target) -> Executable:
@@ -191,10 +208,13 @@ class Measurer:
         return self._ref_envs
 
     def measure(self, start: int, end: int, target: Target,
-                bound_ms: float | None = None, as_plan: bool = False) -> Cell:
+                bound_ms: float | None = None, as_plan: bool = False,
+                row: Mapping[str, Cell] | None = None) -> Cell:
         """Compile layers ``[start, end)`` on ``target``, time it and measure its error
         (timing stops early once it is over ``bound_ms``: see :func:`median_ms`). ``as_plan``:
-        timed as a plan of that one segment is checked (``timing.py``), not as a layer."""
+        timed as a plan of that one segment is checked (``timing.py``), not as a layer.
+        ``row``: the cells of the same layers on other targets, one of which may already be
+        this very computation (:attr:`Cell.same_as`)."""
         backend = self.backends[target.backend]
         seg = self.part.segment(start, end)
         support = backend.supports(seg, target)
@@ -204,6 +224,16 @@ class Measurer:
             exe = backend.compile(seg, target)
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
+        digest = getattr(exe, "model_sha256", "")
+        twin = next((name for name, c in (row or {}).items() if c.ms is not None and digest
+                     and self._digests.get((name, start, end)) == digest
+                     and Target.parse(name).device == target.device
+                     and Target.parse(name).backend == target.backend), None)
+        if twin is not None:
+            exe.close()
+            cell = (row or {})[twin]
+            return Cell(cell.ms, cell.error, cell.memory, same_as=twin)
+        self._digests[(str(target), start, end)] = digest
         try:
             envs = self.reference_envs()
             names = seg.outputs
@@ -217,17 +247,22 @@ class Measurer:
                     return Cell(None, reason=f"non-finite values in output {bad!r} where the "
                                              "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
-                if bound_ms is not None and first_ms > EARLY_FACTOR * bound_ms:
+                if bound_ms is not None and first_ms > COLD_FACTOR * bound_ms:
                     # one run EARLY_FACTOR x over the bound (a cold first run may be a few
                     # times slower than a warm one, not this much): a reference-kernel target
                     # (Arm NN CpuRef, seconds a run) is not run on the other calibration
                     # inputs, warmed up and timed on top of it; its error is this input's
                     return Cell(first_ms, err, exe.memory_bytes)
+            if as_plan and bound_ms is not None and first_ms > bound_ms:
+                # a whole model over the bound is no best single target: its warm calibration
+                # run is figure enough for what it is used for (calibrating its segments)
+                return Cell(first_ms, err, exe.memory_bytes)
             if as_plan:
                 return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
             feed = envs[0]
-            ms = median_ms(lambda: exe.run(feed), self.runs, self.warmup, MIN_TIMED_MS,
-                           bound_ms)
+            # the calibration runs above warmed it up already, all but the first
+            warm = max(0, self.warmup - (len(envs) - 1))
+            ms = median_ms(lambda: exe.run(feed), self.runs, warm, MIN_TIMED_MS, bound_ms)
             return Cell(ms, err, exe.memory_bytes)
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
@@ -287,7 +322,7 @@ class Measurer:
             for target in self.targets:
                 skip = crawlers.reason(str(target))
                 row[str(target)] = Cell(None, reason=skip) if skip else \
-                    self.measure(i, i + 1, target, _bound(row))
+                    self.measure(i, i + 1, target, _bound(row), row=row)
                 done += 1
                 if self.progress:
                     self.progress(done, total, f"{layer.name} on {target}")
@@ -298,7 +333,10 @@ class Measurer:
                 bound = _bound(row)
                 for target in self.targets:
                     cell = row[str(target)]
-                    if bound is None or (cell.ms or 0.0) <= bound:
+                    if cell.same_as is not None:
+                        twin = row[cell.same_as]
+                        cell.ms, cell.error = twin.ms, twin.error  # timed again just before
+                    elif bound is None or (cell.ms or 0.0) <= bound:
                         # a cell EARLY_FACTOR x slower than the layer's best cannot win it
                         self.retime(i, i + 1, target, cell)
                     done += 1
@@ -312,7 +350,9 @@ class Measurer:
             timed = [(ms, _bound(row)) for row in cells
                      if (ms := row[str(target)].ms) is not None]
             losing = bool(timed) and all(ms > (bound or float("inf")) for ms, bound in timed)
-            overhead[str(target)] = 0.0 if losing else self.measure_overhead(target, cells)
+            twins = [same for row in cells if (same := row[str(target)].same_as) in overhead]
+            overhead[str(target)] = 0.0 if losing else overhead[twins[0]] if twins \
+                else self.measure_overhead(target, cells)
             done += 1
             if self.progress:
                 self.progress(done, total, f"hop overhead of {target}")
@@ -324,10 +364,13 @@ class Measurer:
         for target in self.targets:
             skip = crawlers.reason(str(target))
             whole_cells[str(target)] = Cell(None, reason=skip) if skip else \
-                self.measure(0, n, target, _bound(whole_cells), as_plan=True)
+                self.measure(0, n, target, _bound(whole_cells), as_plan=True, row=whole_cells)
             done += 1
             if self.progress:
                 self.progress(done, total, f"whole model on {target}")
+        for t, c in whole_cells.items():
+            if c.same_as in self.whole_cpu_ms:
+                self.whole_cpu_ms[t] = self.whole_cpu_ms[c.same_as]
         whole = {t: c.ms for t, c in whole_cells.items() if c.ms is not None}
         whole_error = {t: c.error for t, c in whole_cells.items() if c.error is not None}
         return LatencyTable(names, str(self.reference), cells, overhead, copy_bandwidth(),

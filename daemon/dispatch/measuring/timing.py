@@ -27,6 +27,11 @@ MAX_RUNS = 300
 # fastest run a plan publishes is what a board of the same kind verifies against, and on a
 # busy machine a few runs may all be slowed
 SETTLE_MS = 300.0
+# and no longer than this once EARLY_RUNS runs are in: a 200 ms model's seventh run tells
+# nothing its fifth did not, and planning a heavy detector took minutes of such runs
+MAX_TIMED_MS = 1000.0
+LAYER_MAX_TIMED_MS = 500.0   # the same cap for one (layer, target) cell, whose pass is repeated
+EARLY_RUNS = 3
 
 
 def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: int = 1,
@@ -58,6 +63,8 @@ def time_plan(compiled: CompiledPlan, feed: dict[str, Any], runs: int, warmup: i
         if len(totals) == want and sum(totals) < min_total_ms:
             avg = sum(totals) / len(totals)
             want = min(max_runs, max(want, int(min_total_ms / max(avg, 1e-6)) + 1))
+        elif len(totals) >= EARLY_RUNS and sum(totals) >= MAX_TIMED_MS:
+            break
     if fastest is not None:
         fastest[:] = [min(totals), *(min(p) if p else 0.0 for p in per)]
     if cpu is not None:
