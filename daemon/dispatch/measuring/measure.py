@@ -25,10 +25,9 @@ from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
 from edgepilot.dispatch.measuring.timing import (
-    EARLY_RUNS,
-    LAYER_MAX_TIMED_MS,
-    MAX_RUNS,
     MIN_TIMED_MS,
+    copy_bandwidth,
+    median_ms,
     plan_timing,
 )
 from edgepilot.dispatch.measuring.tolerance import output_error
@@ -85,43 +84,6 @@ EARLY_FACTOR = 1.5
 # a first run this many times over the bound ends a cell before its warm-up and timed runs
 # (a cold first run may be a few times slower than a warm one, not this much: 9x the best)
 COLD_FACTOR = 6.0
-
-
-def median_ms(fn: Callable[[], object], runs: int, warmup: int,
-              min_total_ms: float = 0.0, bound_ms: float | None = None) -> float:
-    """Median wall time of ``fn`` in ms after ``warmup`` untimed calls.
-
-    ``min_total_ms`` adds runs (up to MAX_RUNS) until that much time was timed: a 20 µs layer
-    timed 7 times is mostly timer and scheduler noise, timed 150 times its median is stable.
-    ``bound_ms``: stop after EARLY_RUNS runs whose median is over it (a loser stays a loser).
-    """
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    want = max(1, runs)
-    while len(times) < want:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if (bound_ms is not None and len(times) >= EARLY_RUNS
-                and statistics.median(times) * 1e3 > bound_ms):
-            break
-        if len(times) >= EARLY_RUNS and sum(times) * 1e3 >= LAYER_MAX_TIMED_MS:
-            break  # a heavy layer: its median is steady long before ``runs``
-        if len(times) == want and min_total_ms > 0:
-            total_ms = sum(times) * 1e3
-            if total_ms < min_total_ms:
-                per = total_ms / len(times)
-                want = min(MAX_RUNS, max(want, int(min_total_ms / max(per, 1e-6)) + 1))
-    return statistics.median(times) * 1e3
-
-
-def copy_bandwidth(nbytes: int = 4 << 20, runs: int = 7) -> float:
-    """Host-memory bytes per ms for handing a tensor over (one copy, the worst case here)."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    ms = median_ms(lambda: np.copyto(dst, src), runs, 1)
-    return nbytes / max(ms, 1e-6)
 
 
 def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> str | None:

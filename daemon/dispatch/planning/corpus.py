@@ -5,7 +5,7 @@ The sweep covers the operators the partitioner meets in the models served here: 
 elementwise, normalisation, softmax, transpose and pooling operators over tensor sizes. Each
 kernel is written as an ONNX file, compiled by the target's backend exactly like a layer (so the
 int8/int4 targets time their quantized variants) and timed with the profiler's method
-(:func:`measure.median_ms`). A one-operator model of 16 floats gives the per-call cost, which
+(:func:`timing.median_ms`). A one-operator model of 16 floats gives the per-call cost, which
 every kernel's time is taken net of.
 
 Corpora are cached per target under ``<state_dir>/corpus/``, keyed by the board, the DVFS
@@ -31,8 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgepilot.backends.base import Backend, Segment, Target
 from edgepilot.dispatch.graph.partition import Partition
-from edgepilot.dispatch.measuring.measure import median_ms
-from edgepilot.dispatch.measuring.timing import MIN_TIMED_MS
+from edgepilot.dispatch.measuring.timing import MIN_TIMED_MS, median_ms
 from edgepilot.dispatch.planning.cache import read_keyed, write_atomic
 from edgepilot.dispatch.planning.kernels import (
     KernelModel,

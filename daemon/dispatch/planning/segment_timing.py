@@ -15,8 +15,7 @@ import numpy as np
 
 from edgepilot.dispatch.execution.executor import CompiledPlan
 from edgepilot.dispatch.graph.partition import Partition
-from edgepilot.dispatch.measuring.measure import median_ms
-from edgepilot.dispatch.measuring.timing import MIN_TIMED_MS
+from edgepilot.dispatch.measuring.timing import MIN_TIMED_MS, median_ms
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 
 
