@@ -84,6 +84,8 @@ EARLY_FACTOR = 1.5
 # a first run this many times over the bound ends a cell before its warm-up and timed runs
 # (a cold first run may be a few times slower than a warm one, not this much: 9x the best)
 COLD_FACTOR = 6.0
+# a whole model whose calibration run took this long is timed no further once over the bound
+HEAVY_MS = 50.0
 
 
 def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> str | None:
@@ -215,9 +217,11 @@ class Measurer:
                     # (Arm NN CpuRef, seconds a run) is not run on the other calibration
                     # inputs, warmed up and timed on top of it; its error is this input's
                     return Cell(first_ms, err, exe.memory_bytes)
-            if as_plan and bound_ms is not None and first_ms > bound_ms:
-                # a whole model over the bound is no best single target: its warm calibration
-                # run is figure enough for what it is used for (calibrating its segments)
+            if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
+                # a heavy whole model over the bound is no best single target: its warm
+                # calibration run is figure enough for what it is used for (calibrating its
+                # segments). A light one's first runs are no figure (Silero VAD on one thread:
+                # 0.38 ms for its calibration runs, 0.11 ms warm) and its timing costs little.
                 return Cell(first_ms, err, exe.memory_bytes)
             if as_plan:
                 return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
@@ -339,6 +343,8 @@ class Measurer:
                             metric=self.metric,
                             extra={"whole_ms": whole, "whole_error": whole_error,
                                    "whole_cpu_ms": dict(self.whole_cpu_ms),
+                                   "whole_twins": {t: c.same_as for t, c in whole_cells.items()
+                                                   if c.same_as},
                                    "excluded": exclusions(cells, whole_cells)})
 
     def hop(self, src: str, dst: str, cut: int) -> float | None:

@@ -1,5 +1,5 @@
 """A plan never loses: a split plan is timed against the best single whole-model target before
-it is served.
+it is served, and a one-target plan against a close rival target (:func:`rival`).
 
 Predictions rest on layer timings and measured hop costs, and on a sub-millisecond model the
 bookkeeping between segments can outweigh what a split gains. So a plan of several segments is
@@ -33,6 +33,9 @@ Runner = Callable[[dict[str, np.ndarray]], object]
 ROUNDS = 9
 BURST_MS = 3.0   # timed wall time a burst aims at (at least one call)
 MAX_CALLS = 50
+# a whole-model target whose profile timing came within this factor of the chosen one's is
+# timed against it side by side before the plan serves (see :func:`rival`)
+RIVAL_WITHIN = 1.25
 
 
 @dataclass
@@ -70,6 +73,28 @@ def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: fl
     return Verdict(statistics.median(p_times), statistics.median(s_times), ratio, noise, keep)
 
 
+def rival(builder: CostBuilder, plan: Plan) -> str | None:
+    """For a one-target plan: the fastest other whole-model target within tolerance whose
+    profile timing came within :data:`RIVAL_WITHIN` of the chosen one's (None: no such).
+
+    Whole models are timed one after another while planning; two close ones (one thread or
+    two, fp32 or int8 of a small encoder) can swap places in a window where load came and went
+    (MiniLM's chosen ``cpu-1t/int8`` then ran 0.78x the ``cpu/fp32`` it had beaten). Side by
+    side, interleaved, the rival replaces the choice only by winning beyond the noise."""
+    own = plan.segments[0][0]
+    whole = builder.profile.extra.get("whole_ms", {})
+    errors = builder.profile.extra.get("whole_error", {})
+    twins = builder.profile.extra.get("whole_twins", {})
+    mine = whole.get(own)
+    if mine is None:
+        return None
+    same = {own, twins.get(own)} | {t for t, of in twins.items() if of == own}
+    close = [t for t in builder.profile.targets if t not in same and t in whole
+             and t not in builder.excluded and errors.get(t, 0.0) <= builder.tolerance
+             and whole[t] <= RIVAL_WITHIN * mine]
+    return min(close, key=lambda t: whole[t]) if close else None
+
+
 def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                    compiled: CompiledPlan, backends: Mapping[str, Backend],
                    feed: dict[str, np.ndarray], margin: float,
@@ -77,8 +102,8 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                    progress: Progress | None = None) -> tuple[Plan, CompiledPlan] | None:
     """The best single target's plan when the split ``plan`` does not beat it side by side
     (None: keep ``plan``; its ``versus_single`` records the timing either way)."""
-    target = builder.best_whole()
-    if len(plan.segments) < 2 or target is None or margin < 0:
+    target = builder.best_whole() if len(plan.segments) > 1 else rival(builder, plan)
+    if target is None or margin < 0:
         return None  # a negative margin keeps any split (tests pinning one)
     t, n = Target.parse(target), len(part.layers)
     # the verdict on this very split is kept with the profile: a restart, a plan from the
@@ -103,6 +128,8 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     if v is None:
         v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin,
                    progress=progress)
+        if len(plan.segments) == 1:  # a rival replaces a whole model only by winning
+            v.keep_plan = v.ratio >= 1.0 - max(margin, v.noise)
     record = {"target": target, "plan_ms": round(v.plan_ms, 4),
               "single_ms": round(v.single_ms, 4), "ratio": round(v.ratio, 3),
               "noise": round(v.noise, 3), "kept": "plan" if v.keep_plan else "single"}
@@ -113,8 +140,10 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         return None
     table = builder.table()
     # from the rounded record, as a verdict restored from the profile is: the same text
+    what = f"the {len(plan.segments)}-segment plan" if len(plan.segments) > 1 \
+        else f"{plan.segments[0][0]} whole"
     out = describe(name, builder, [table.targets.index(target)] * n, whole_ms, table,
-                   f"single target {target}: the {len(plan.segments)}-segment plan measured "
+                   f"single target {target}: {what} measured "
                    f"{record['plan_ms']:.3f} ms against {record['single_ms']:.3f} ms whole, "
                    f"side by side (x{record['ratio']:.3f}, noise {record['noise']:.3f}): "
                    "not faster beyond the noise")

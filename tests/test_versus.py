@@ -1,0 +1,38 @@
+"""A one-target plan against a close rival target (planning/versus.py ``rival``): which whole
+model is timed side by side with the choice before the plan serves."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from edgepilot.dispatch.planning.versus import RIVAL_WITHIN, rival
+
+FP32, INT4, ONE, INT8 = ("onnxruntime/cpu/fp32", "onnxruntime/cpu/int4",
+                         "onnxruntime/cpu-1t/fp32", "onnxruntime/cpu/int8")
+
+
+def builder(whole: dict[str, float], errors: dict[str, float] | None = None,
+            twins: dict[str, str] | None = None, excluded: set[str] | None = None) -> Any:
+    extra = {"whole_ms": whole, "whole_error": errors or {}, "whole_twins": twins or {}}
+    return SimpleNamespace(profile=SimpleNamespace(extra=extra, targets=list(whole)),
+                           excluded=excluded or set(), tolerance=0.05)
+
+
+def plan_on(target: str) -> Any:
+    return SimpleNamespace(segments=[(target, 0, 4)])
+
+
+def test_the_fastest_close_rival_within_tolerance_is_timed_against_the_choice() -> None:
+    b = builder({FP32: 1.0, INT8: 1.2, ONE: 1.1, INT4: 1.0}, {INT8: 0.02}, {INT4: FP32})
+    assert rival(b, plan_on(FP32)) == ONE  # the int4 twin is the same computation
+    assert rival(b, plan_on(ONE)) == FP32
+
+
+def test_no_rival_when_every_other_is_far_slower_over_tolerance_or_excluded() -> None:
+    far = builder({FP32: 1.0, ONE: RIVAL_WITHIN * 1.01})
+    assert rival(far, plan_on(FP32)) is None
+    assert rival(builder({FP32: 1.0, INT8: 0.9}, {INT8: 0.5}), plan_on(FP32)) is None
+    assert rival(builder({FP32: 1.0, ONE: 1.0}, excluded={ONE}), plan_on(FP32)) is None
+    assert rival(builder({FP32: 1.0, INT4: 1.0}, twins={INT4: FP32}), plan_on(FP32)) is None
+    assert rival(builder({ONE: 1.0}), plan_on(FP32)) is None  # the choice itself not timed
