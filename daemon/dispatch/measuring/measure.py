@@ -212,7 +212,7 @@ class Measurer:
                                              "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
                 if bound_ms is not None and first_ms > COLD_FACTOR * bound_ms:
-                    # one run EARLY_FACTOR x over the bound (a cold first run may be a few
+                    # one run COLD_FACTOR x over the bound (a cold first run may be a few
                     # times slower than a warm one, not this much): a reference-kernel target
                     # (Arm NN CpuRef, seconds a run) is not run on the other calibration
                     # inputs, warmed up and timed on top of it; its error is this input's

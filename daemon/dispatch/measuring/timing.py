@@ -103,7 +103,8 @@ def median_ms(fn: Callable[[], object], runs: int, warmup: int,
 
     ``min_total_ms`` adds runs (up to MAX_RUNS) until that much time was timed: a 20 µs layer
     timed 7 times is mostly timer and scheduler noise, timed 150 times its median is stable.
-    ``bound_ms``: stop after EARLY_RUNS runs whose median is over it (a loser stays a loser).
+    ``bound_ms``: stop after EARLY_RUNS runs (and ``min_total_ms``) whose median is over it (a
+    loser stays a loser).
     """
     for _ in range(warmup):
         fn()
@@ -114,8 +115,9 @@ def median_ms(fn: Callable[[], object], runs: int, warmup: int,
         fn()
         times.append(time.perf_counter() - t0)
         if (bound_ms is not None and len(times) >= EARLY_RUNS
+                and sum(times) * 1e3 >= min_total_ms
                 and statistics.median(times) * 1e3 > bound_ms):
-            break
+            break  # (a short layer gets its min_total_ms first: 3 runs of 20 µs are noise)
         if len(times) >= EARLY_RUNS and sum(times) * 1e3 >= LAYER_MAX_TIMED_MS:
             break  # a heavy layer: its median is steady long before ``runs``
         if len(times) == want and min_total_ms > 0:
