@@ -59,7 +59,7 @@ def test_held_out_model_plans_within_tolerance_of_the_raw_runtime(model: RealMod
     elif plan["versus_single"] is not None and plan["versus_single"]["kept"] == "single":
         assert plan["reason"].startswith("single target")  # a split or a rival lost
     elif plan["versus_single"] is not None:  # a close rival target timed side by side, lost
-        assert plan["versus_single"]["target"] != plan["segments"][0][0]
+        assert plan["versus_single"]["target"] != plan["segments"][0]["target"]
     feed = md.calibration[0]
     got, _ = md.compiled.run(feed)
     raw = raw_runner(md)(feed)
