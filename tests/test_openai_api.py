@@ -408,6 +408,24 @@ def test_fields_clients_forward_are_accepted_and_nulls_are_defaults(
                                      logit_bias={}).choices[0].text is not None
 
 
+def test_logit_bias_steers_the_tokens_and_keeps_the_daemons_processors(
+        client: openai.OpenAI, reference: Llama) -> None:
+    """+100 makes a token the only choice. llama-cpp-python's own logit_bias
+    replaced the daemon's logits processors with None (the logprob recorder, the cancel
+    check): here logprobs still come back, naming the biased token."""
+    tok = reference.tokenize(b" board", add_bos=False)[0]
+    piece = reference.detokenize([tok]).decode()
+    got = client.completions.create(model="tiny", prompt="the", max_tokens=4, temperature=0,
+                                    logit_bias={str(tok): 100}, logprobs=1)
+    assert got.choices[0].text == piece * 4
+    assert got.choices[0].logprobs is not None
+    assert got.choices[0].logprobs.tokens == [piece] * 4
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                       logit_bias={str(reference.n_vocab()): 5})
+    assert "logit_bias" in str(err.value) and f"[0, {reference.n_vocab()})" in str(err.value)
+
+
 def test_one_model_by_id_and_an_unknown_one(client: openai.OpenAI) -> None:
     model = client.models.retrieve("tiny")
     assert model.id == "tiny" and model.object == "model"

@@ -14,6 +14,7 @@ import numpy as np
 
 from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.adapters import LoraSet
+from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
 from edgepilot.backends.llamacpp.logprobs import (
     LogprobRecorder,
     attach,
@@ -199,6 +200,7 @@ class LlamaExecutable(GenerativeExecutable):
         ends the generation at the next token (finish_reason "stop")."""
         adapter = self.adapter_of(params)
         params, logprobs = with_logprobs(dict(params), self.llm)
+        params = with_logit_bias(params, int(self.llm.n_vocab()))
         params = cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self, functools.partial(
@@ -217,6 +219,7 @@ class LlamaExecutable(GenerativeExecutable):
         ``cancel`` as for :meth:`chat`."""
         adapter = self.adapter_of(params)
         params, logprobs = with_logprobs(dict(params), self.llm)
+        params = with_logit_bias(params, int(self.llm.n_vocab()))
         params = cancellable(params, cancel, int(self.llm.token_eos()))
         if params.get("stream"):
             return TokenStream(self, functools.partial(

@@ -25,6 +25,7 @@ import numpy as np
 from edgepilot.backends.base import Target
 from edgepilot.backends.llamacpp.batch import BatchEngine, BatchSequence, StepGuard
 from edgepilot.backends.llamacpp.executable import LlamaExecutable
+from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
 from edgepilot.backends.llamacpp.logprobs import (
     LogprobRecorder,
     attach,
@@ -266,6 +267,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         self.adapter_of(params)
         view = self._view(cancel)
         params, logprobs = with_logprobs(dict(params), view)
+        params = with_logit_bias(params, int(self.llm.n_vocab()))
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_chat_completion(
                 messages=messages, **params), field="messages", logprobs=logprobs)
@@ -283,6 +285,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         self.adapter_of(params)
         view = self._view(cancel)
         params, logprobs = with_logprobs(dict(params), view)
+        params = with_logit_bias(params, int(self.llm.n_vocab()))
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_completion(
                 prompt=prompt, **params), empty_prompt=not prompt, logprobs=logprobs)

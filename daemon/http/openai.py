@@ -146,12 +146,6 @@ def _no_token_ids(value: Any) -> Any:
 Texts = Annotated[Text | list[Text] | list[int] | list[list[int]], AfterValidator(_no_token_ids)]
 
 
-def _no_bias(bias: dict[str, float]) -> dict[str, float]:
-    if bias:
-        raise ValueError("logit_bias is not supported here; send it empty or leave it out")
-    return bias
-
-
 class Sampling(_Strict):
     model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
@@ -168,8 +162,9 @@ class Sampling(_Strict):
         None, min_length=1, max_length=64,
         description="A LoRA adapter of the model (its [[models]] adapters); the model name "
                     "'<model>:<adapter>' picks one too.")
-    logit_bias: Annotated[dict[str, float], AfterValidator(_no_bias)] | None = Field(
-        None, description="Not supported: only empty (or null) is accepted.")
+    logit_bias: dict[str, float] | None = Field(
+        None, max_length=1024, description="Token id (this model's tokenizer, as a string) -> "
+                                           "bias in [-100, 100] added to its logit.")
     # fields of OpenAI's request that change nothing a local model generates (where an answer
     # is stored, billing tiers, cache routing, a reasoning model's budget): clients and
     # frameworks forward them from their settings, so they are accepted and ignored, as
@@ -208,6 +203,8 @@ class Sampling(_Strict):
             params["seed"] = self.seed
         if self.adapter is not None:
             params["adapter"] = self.adapter
+        if self.logit_bias:
+            params["logit_bias"] = dict(self.logit_bias)
         return params
 
 
