@@ -58,10 +58,12 @@ class _Slow(Executable):
     def __init__(self, inner: Executable, target: Target, runs: list[str]) -> None:
         self.inner, self.target, self.runs = inner, target, runs
         self.inputs, self.outputs = inner.inputs, inner.outputs
+        self.delay_s, self.ran = 0.06, dict[str, int]()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs.append(self.target.precision)
-        time.sleep(0.06)
+        self.ran[self.target.device] = self.ran.get(self.target.device, 0) + 1
+        time.sleep(self.delay_s)
         return self.inner.run(inputs)
 
     def close(self) -> None:
@@ -69,22 +71,28 @@ class _Slow(Executable):
 
 
 class _SlowBackend(Backend):
-    """The fp32 onnxruntime CPU target under another name, 60 ms slower a run."""
+    """The fp32 onnxruntime CPU target under another name, ``delay_s`` slower a run (one
+    delay per device: ``cpu``, ``gpu``, ...)."""
 
     name = "slowref"
 
-    def __init__(self, inner: OnnxRuntimeBackend) -> None:
+    def __init__(self, inner: OnnxRuntimeBackend, delays: dict[str, float] | None = None
+                 ) -> None:
         self.inner, self.runs = inner, []
         self.settings = inner.settings
+        self.delays = delays or {"cpu": 0.06}
+        self.ran: dict[str, int] = {}
 
     def probe(self) -> list[Target]:
-        return [SLOW]
+        return [Target(self.name, d, "fp32") for d in self.delays]
 
     def supports(self, segment: Segment, target: Target) -> Support:
         return self.inner.supports(segment, FP32)
 
     def compile(self, segment: Segment, target: Target) -> Executable:
-        return _Slow(self.inner.compile(segment, FP32), target, self.runs)
+        exe = _Slow(self.inner.compile(segment, FP32), target, self.runs)
+        exe.delay_s, exe.ran = self.delays[target.device], self.ran
+        return exe
 
 
 SLOW = Target("slowref", "cpu", "fp32")
@@ -109,6 +117,78 @@ def test_a_target_far_slower_than_the_best_stops_at_its_first_run(
         assert row[str(SLOW)].error is not None and row[str(SLOW)].error < 1e-5
     assert table.overhead_ms[str(SLOW)] == 0.0
     assert table.extra["whole_ms"][str(SLOW)] >= 60
+
+
+@pytest.mark.parametrize(("fast_s", "slow_s", "runs"), [
+    (0.020, 0.100, 1),   # heavy: its first run, 3x its bound, is figure enough
+    (0.010, 0.040, 2),   # light: its second (warm) run, 2.7x its bound, is
+])
+def test_a_target_three_times_slower_than_the_best_stops_at_its_calibration_runs(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend, fast_s: float, slow_s: float,
+        runs: int) -> None:
+    """A cell LOSER_FACTOR x over its bound (3x its layer's best: an int8 conv on a CPU with
+    no dot-product instructions) is not warmed up and timed once its calibration runs showed
+    it: a heavy one after its first run, a light one (whose cold first run may be a few times
+    its warm ones) after its second. Both were 6 runs a cell, 0.7-1.3 s each on a detector."""
+    part = partition(mlp_path)
+    slow = _SlowBackend(ort_backend, {"fast": fast_s, "slow": slow_s})
+    fast, loser = Target("slowref", "fast", "fp32"), Target("slowref", "slow", "fp32")
+    prof = Measurer(part, {"onnxruntime": ort_backend, "slowref": slow}, [fast, loser], FP32,
+                    onnx_gen.sample_inputs(mlp_path, count=2), runs=5, warmup=2, passes=2)
+    cell = prof.measure(0, 1, fast)
+    assert cell.ms is not None and cell.ms >= fast_s * 1e3
+    slow.ran.clear()
+    bound = 1.5 * cell.ms
+    beaten = prof.measure(0, 1, loser, bound)
+    assert slow.ran == {"slow": runs}
+    assert beaten.ms is not None and beaten.ms > 2 * bound and beaten.error is not None
+
+
+class _LongInput(Executable):
+    """The fp32 runtime, 80 ms slower a run on an input whose first value is over 100 (as a
+    TTS model's run grows with the durations it predicts from its input's values)."""
+
+    def __init__(self, inner: Executable, target: Target, seen: list[bool]) -> None:
+        self.inner, self.target, self.seen = inner, target, seen
+        self.inputs, self.outputs = inner.inputs, inner.outputs
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        long = float(next(iter(inputs.values())).flat[0]) > 100
+        self.seen.append(long)
+        if long:
+            time.sleep(0.08)
+        return self.inner.run(inputs)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _LongInputBackend(_SlowBackend):
+    name = "longin"
+
+    def compile(self, segment: Segment, target: Target) -> Executable:
+        return _LongInput(self.inner.compile(segment, FP32), target, self.runs)
+
+
+def test_a_calibration_input_far_slower_than_the_others_is_left_out_of_cell_checks(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    """Each cell's error is measured on the calibration inputs whose reference run is within
+    SLOW_INPUT_FACTOR x the cheapest; the slow one still ran on the reference (the whole
+    plan's check uses it)."""
+    feeds = onnx_gen.sample_inputs(mlp_path, count=2)
+    first = next(iter(feeds[1]))
+    feeds[1][first] = feeds[1][first].copy()
+    feeds[1][first].flat[0] = 1000.0
+    part = partition(mlp_path)
+    backend = _LongInputBackend(ort_backend)
+    ref = Target("longin", "cpu", "fp32")
+    prof = Measurer(part, {"longin": backend}, [ref], ref, feeds, runs=3, warmup=1)
+    assert len(prof.reference_envs()) == 2 and any(backend.runs)  # it ran on the reference
+    assert prof.error_envs() == [prof.reference_envs()[0]]
+    backend.runs.clear()
+    cell = prof.measure(0, 1, ref)
+    assert cell.ms is not None and cell.error == 0.0
+    assert backend.runs and not any(backend.runs)  # the long input: not run by the cell
 
 
 class _Traced(Executable):

@@ -56,7 +56,9 @@ def test_qos2_exactly_once_in_order_across_a_broker_restart_mid_burst(
         # the session was re-entered once after its clean start, and again after the restart:
         # the daemon finished its half-done handshakes in the session the broker kept
         assert link.resumed_sessions >= 2
-        assert link.resumed_in_flight > 0  # some handshakes were cut by the stop, then finished
+        # handshakes the stop cut were finished in the resumed session (whether the stop found
+        # any in flight is the scheduler's choice: it did in most runs, not in all)
+        assert link.resumed_in_flight >= min(1, link.cut_in_flight)
         assert d.daemon.mqtt.outbox.dropped == 0
     finally:
         d.stop()

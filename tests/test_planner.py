@@ -133,3 +133,12 @@ def test_a_variant_must_beat_the_reference_alone_by_the_margin() -> None:
     assert prefer_reference(far, [1, 1, 1], "a", 0.05) == [1, 1, 1]
     # a split is the split's own decision (prefer_single), not replaced here
     assert prefer_reference(near, [0, 1, 1], "a", 0.05) == [0, 1, 1]
+
+
+def test_a_twin_of_the_choice_is_no_runner_up() -> None:
+    """int4 on a CNN's convolution is the fp32 segment byte for byte (``Cell.same_as``): the
+    plan named it as each layer's runner-up at the chosen figure, an alternative it is not."""
+    table = CostTable(["fp32", "int4", "one-thread"], [[2.0, 2.0, 3.0]], [0.0], [0.0])
+    assert runner_up(table, 0, 0) == (1, 2.0)
+    assert runner_up(table, 0, 0, same=[1]) == (2, 3.0)
+    assert runner_up(table, 0, 0, same=[1, 2]) is None

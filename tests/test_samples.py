@@ -109,6 +109,13 @@ def test_an_input_compared_with_constants_takes_them() -> None:
     (TensorSpec("input:0", "float32", (1, 32, 32, 3)), "uniform"),
     (TensorSpec("features", "float32", (1, 80, 100)), "normal"),
     (TensorSpec("shape", "float32", (1, 16)), "normal"),   # 'h' inside a word is no state
+    # a scalar or a vector of at most three floats is a control (speed, length/noise scales)
+    (TensorSpec("speed", "float32", (1,)), "choice"),
+    (TensorSpec("scales", "float32", (3,)), "choice"),
+    (TensorSpec("alpha", "float32", ()), "choice"),
+    (TensorSpec("x", "float32", (4,)), "normal"),
+    (TensorSpec("x", "float32", ("n",)), "normal"),
+    (TensorSpec("x", "float32", (1, 1)), "normal"),
 ])
 def test_name_rules(spec: TensorSpec, kind: str) -> None:
     assert name_rule(spec).kind == kind
@@ -122,7 +129,8 @@ def test_name_rules_generate_what_they_say() -> None:
              TensorSpec("image", "float32", (1, 3, 16, 16)),
              TensorSpec("sr", "int64", ()),
              TensorSpec("q8", "int8", (64, 64)),
-             TensorSpec("u8", "uint8", (64, 64))]
+             TensorSpec("u8", "uint8", (64, 64)),
+             TensorSpec("speed", "float32", (1,))]
     shapes = {s.name: tuple(d for d in s.shape) for s in specs}
     feed = generate(specs, shapes, {}, 1, seed=3).feeds[0]
     for s in specs:
@@ -134,6 +142,8 @@ def test_name_rules_generate_what_they_say() -> None:
     img = feed["image"]
     assert img.min() >= 0.0 and img.max() < 1.0 and img.std() > 0.1
     assert int(feed["sr"]) == 16000
+    # N(0, 1) made a TTS model's speed near zero or negative: minutes of audio a run
+    np.testing.assert_array_equal(feed["speed"], np.ones(1))
     # quantized inputs cover their whole range, both ends included
     q8, u8 = feed["q8"], feed["u8"]
     assert q8.min() == -128 and q8.max() == 127

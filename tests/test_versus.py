@@ -3,10 +3,11 @@ model is timed side by side with the choice before the plan serves."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
-from edgepilot.dispatch.planning.versus import RIVAL_WITHIN, rival
+from edgepilot.dispatch.planning.versus import MIN_ROUNDS, RIVAL_WITHIN, ROUNDS, rival, versus
 
 FP32, INT4, ONE, INT8 = ("onnxruntime/cpu/fp32", "onnxruntime/cpu/int4",
                          "onnxruntime/cpu-1t/fp32", "onnxruntime/cpu/int8")
@@ -36,3 +37,29 @@ def test_no_rival_when_every_other_is_far_slower_over_tolerance_or_excluded() ->
     assert rival(builder({FP32: 1.0, ONE: 1.0}, excluded={ONE}), plan_on(FP32)) is None
     assert rival(builder({FP32: 1.0, INT4: 1.0}, twins={INT4: FP32}), plan_on(FP32)) is None
     assert rival(builder({ONE: 1.0}), plan_on(FP32)) is None  # the choice itself not timed
+
+
+def _sleeper(seconds: float, calls: list[int]) -> Any:
+    def run(feed: dict[str, Any]) -> None:
+        calls.append(1)
+        time.sleep(seconds)
+    return run
+
+
+def test_a_heavy_pair_is_timed_within_the_budget_without_untimed_calls() -> None:
+    """Nine rounds of a 300 ms detector, each burst after an untimed call, held planning for
+    11 s: a call over HEAVY_CALL_MS gets no untimed call, and rounds past MIN_ROUNDS stop once
+    BUDGET_MS went by."""
+    p_calls: list[int] = []
+    s_calls: list[int] = []
+    v = versus(_sleeper(0.35, p_calls), _sleeper(0.35, s_calls), {}, 0.05)
+    assert len(s_calls) == MIN_ROUNDS and len(p_calls) == MIN_ROUNDS + 1  # + the sizing call
+    assert 0.8 < v.ratio < 1.25 and not v.keep_plan
+
+
+def test_a_light_pair_gets_every_round_and_its_untimed_calls() -> None:
+    p_calls: list[int] = []
+    s_calls: list[int] = []
+    versus(_sleeper(0.002, p_calls), _sleeper(0.002, s_calls), {}, 0.05)
+    # a 2 ms call: one timed call a burst (BURST_MS 3), one untimed before it
+    assert len(s_calls) == 2 * ROUNDS and len(p_calls) == 2 * ROUNDS + 1

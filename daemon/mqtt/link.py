@@ -102,7 +102,8 @@ class MqttLink:
         self._paho_error: str | None = None
         self.connects = 0
         self.resumed_sessions = 0
-        self.resumed_in_flight = 0  # messages whose handshake a resumed session finished
+        # messages whose handshake a resumed session finished / a lost connection cut
+        self.resumed_in_flight = self.cut_in_flight = 0
         self._rearming = False
         self._rearm_task: asyncio.Task[None] | None = None
         self.failed_connects = 0
@@ -383,6 +384,7 @@ class MqttLink:
                 self.client.disconnect()
                 self._call_soon(self._taken_over_on_loop, taken)
                 return
+            self.cut_in_flight += len(self._pending)
             log.warning("MQTT connection lost (%s); buffering until the broker is back", reason)
         elif not self._attempt_reported:
             self._attempt_reported = True

@@ -26,9 +26,10 @@ from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
 from edgepilot.dispatch.measuring.timing import (
     MIN_TIMED_MS,
+    SETTLE_MS,
     copy_bandwidth,
     median_ms,
-    plan_timing,
+    time_plan,
 )
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.errors import EdgepilotError, PlanError
@@ -86,6 +87,11 @@ EARLY_FACTOR = 1.5
 COLD_FACTOR = 6.0
 # a whole model whose calibration run took this long is timed no further once over the bound
 HEAVY_MS = 50.0
+# a warm run (or a heavy one, whose cold start is a small part of it) this many times over the
+# bound (3x the layer's best) ends a cell after its calibration runs: an int8 conv on a CPU
+# without dot-product instructions ran 3-5x fp32, 0.7-1.3 s a run, timed 6 runs a cell
+LOSER_FACTOR = 2.0
+SLOW_INPUT_FACTOR = 3.0  # see Measurer.error_envs
 
 
 def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> str | None:
@@ -146,6 +152,7 @@ class Measurer:
         self.progress = progress
         self.passes = max(1, passes)
         self._ref_envs: list[dict[str, np.ndarray]] | None = None
+        self._env_ms: list[float] = []  # each calibration input's reference run
         # (target, start, end) -> digest of the compiled segment (for Cell.same_as)
         self._digests: dict[tuple[str, int, int], str] = {}
         self.whole_cpu_ms: dict[str, float] = {}  # CPU ms a whole-model run took (plan_ms)
@@ -163,13 +170,29 @@ class Measurer:
             envs = []
             for feed in self.calibration:
                 env = dict(feed)
+                t0 = time.perf_counter()
                 for exe in exes:
                     env.update(exe.run(env))
+                self._env_ms.append((time.perf_counter() - t0) * 1e3)
                 envs.append(env)
             for exe in exes:
                 exe.close()
             self._ref_envs = envs
         return self._ref_envs
+
+    def error_envs(self) -> list[dict[str, np.ndarray]]:
+        """The reference runs of the calibration inputs within SLOW_INPUT_FACTOR x the
+        cheapest: each cell's error is measured on these, the whole plan's on all. Where
+        output length follows the input's values (a TTS model's durations), one input ran
+        9x the other, and on every (layer, target) it made a 5-minute plan 15 minutes."""
+        envs = self.reference_envs()
+        cheapest = min(self._env_ms, default=0.0)
+        keep = [env for env, ms in zip(envs, self._env_ms, strict=True)
+                if ms <= SLOW_INPUT_FACTOR * cheapest]
+        if len(keep) < len(envs):
+            log.debug("calibration inputs ran %s ms: cells checked on %d", self._env_ms,
+                      len(keep))
+        return keep or envs
 
     def measure(self, start: int, end: int, target: Target,
                 bound_ms: float | None = None, as_plan: bool = False,
@@ -199,10 +222,10 @@ class Measurer:
             return Cell(cell.ms, cell.error, cell.memory, same_as=twin)
         self._digests[(str(target), start, end)] = digest
         try:
-            envs = self.reference_envs()
+            envs = self.error_envs()
             names = seg.outputs
             err, first_ms = 0.0, float("inf")
-            for env in envs:
+            for k, env in enumerate(envs):
                 t0 = time.perf_counter()
                 out = exe.run(env)
                 first_ms = min(first_ms, (time.perf_counter() - t0) * 1e3)
@@ -211,10 +234,14 @@ class Measurer:
                     return Cell(None, reason=f"non-finite values in output {bad!r} where the "
                                              "reference's are finite")
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
-                if bound_ms is not None and first_ms > COLD_FACTOR * bound_ms:
+                if bound_ms is not None and (
+                        first_ms > COLD_FACTOR * bound_ms
+                        or (first_ms > LOSER_FACTOR * bound_ms
+                            and (k > 0 or first_ms >= HEAVY_MS))):
                     # one run COLD_FACTOR x over the bound (a cold first run may be a few
-                    # times slower than a warm one, not this much): a reference-kernel target
-                    # (Arm NN CpuRef, seconds a run) is not run on the other calibration
+                    # times slower than a warm one, not this much), or LOSER_FACTOR x where
+                    # it was warm or heavy: a reference-kernel target (Arm NN CpuRef,
+                    # seconds a run) or a slow int8 is not run on the other calibration
                     # inputs, warmed up and timed on top of it; its error is this input's
                     return Cell(first_ms, err, exe.memory_bytes)
             if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
@@ -225,9 +252,9 @@ class Measurer:
                 return Cell(first_ms, err, exe.memory_bytes)
             if as_plan:
                 return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
-            feed = envs[0]
-            # the calibration runs above warmed it up already, all but the first
-            warm = max(0, self.warmup - (len(envs) - 1))
+            feed = self.reference_envs()[0]
+            # the calibration runs above were its warm-up runs
+            warm = max(0, self.warmup - len(envs))
             ms = median_ms(lambda: exe.run(feed), self.runs, warm, MIN_TIMED_MS, bound_ms)
             return Cell(ms, err, exe.memory_bytes)
         except EdgepilotError as exc:
@@ -243,7 +270,8 @@ class Measurer:
         plan = CompiledPlan([CompiledSegment(str(target), start, end, seg, exe, 0.0)],
                             self.part.outputs)
         cpu: list[float] = []
-        ms = plan_timing(plan, self.calibration[0], self.runs, settle=True, cpu=cpu)[0]
+        # no warm-up run: its calibration runs just ran it
+        ms = time_plan(plan, self.calibration[0], self.runs, 0, SETTLE_MS, cpu=cpu)[0]
         self.whole_cpu_ms[str(target)] = cpu[0]
         return ms
 
@@ -302,8 +330,10 @@ class Measurer:
                     if cell.same_as is not None:
                         twin = row[cell.same_as]
                         cell.ms, cell.error = twin.ms, twin.error  # timed again just before
-                    elif bound is None or (cell.ms or 0.0) <= bound:
-                        # a cell EARLY_FACTOR x slower than the layer's best cannot win it
+                    elif (bound is None or (cell.ms or 0.0) <= bound) \
+                            and (cell.ms or 0.0) < HEAVY_MS:
+                        # a cell EARLY_FACTOR x slower than the layer's best cannot win it;
+                        # a heavy one's median spans enough (TTS layers: a 5-minute plan x2)
                         self.retime(i, i + 1, target, cell)
                     done += 1
                     if self.progress:

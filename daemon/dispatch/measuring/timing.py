@@ -85,10 +85,12 @@ def plan_timing(compiled: CompiledPlan, feed: dict[str, Any], runs: int, settle:
                        MAX_RUNS, fastest, cpu), fastest)
 
 
-def burst_ms(fn: Callable[[], object], calls: int) -> float:
-    """One variant's turn in an interleaved comparison: an untimed call (the others ran in
-    between: it brings this one's weights back into cache), then the median ms of ``calls``."""
-    fn()
+def burst_ms(fn: Callable[[], object], calls: int, warm: bool = True) -> float:
+    """One variant's turn in an interleaved comparison: an untimed call (``warm``: the others
+    ran in between, it brings this one's weights back into cache), then the median ms of
+    ``calls``."""
+    if warm:
+        fn()
     ts = []
     for _ in range(max(1, calls)):
         t0 = time.perf_counter()

@@ -90,7 +90,10 @@ def describe(name: str, builder: CostBuilder, assign: list[int], cost: float,
     for i, t in enumerate(assign):
         target = table.targets[t]
         cell = builder.profile.cells[i][target]
-        ru = runner_up(table, i, t)
+        row = builder.profile.cells[i]
+        twins = [k for k, other in enumerate(table.targets) if other in row
+                 and (row[other].same_as == target or cell.same_as == other)]
+        ru = runner_up(table, i, t, twins)
         roof = shown[i] if shown is not None else builder.predicted_layer(i, target)
         used = table.layer_ms[i][t]
         layers.append({

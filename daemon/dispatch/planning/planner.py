@@ -16,6 +16,7 @@ so the result equals the brute-force optimum (property-tested).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from edgepilot.errors import PlanError
@@ -166,9 +167,12 @@ def merge(assign: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-def runner_up(table: CostTable, i: int, chosen: int) -> tuple[int, float] | None:
-    """The cheapest other eligible target for layer ``i`` and its layer cost."""
-    options = [(c, t) for t, c in enumerate(table.layer_ms[i]) if c is not None and t != chosen]
+def runner_up(table: CostTable, i: int, chosen: int, same: Collection[int] = ()
+              ) -> tuple[int, float] | None:
+    """The cheapest other eligible target for layer ``i`` and its layer cost (``same``: the
+    targets that run the chosen one's very computation, its twins: no alternative)."""
+    options = [(c, t) for t, c in enumerate(table.layer_ms[i])
+               if c is not None and t != chosen and t not in same]
     if not options:
         return None
     c, t = min(options)
