@@ -121,15 +121,16 @@ def test_a_target_far_slower_than_the_best_stops_at_its_first_run(
 
 @pytest.mark.parametrize(("fast_s", "slow_s", "runs"), [
     (0.020, 0.100, 1),   # heavy: its first run, 3x its bound, is figure enough
-    (0.010, 0.040, 2),   # light: its second (warm) run, 2.7x its bound, is
+    # light: its calibration runs are no figure (Silero VAD on one thread ran them 3x its
+    # warm runs, and lost the plan it wins): warmed up and timed up to the early bound
+    (0.010, 0.040, 6),
 ])
 def test_a_target_three_times_slower_than_the_best_stops_at_its_calibration_runs(
         mlp_path: Path, ort_backend: OnnxRuntimeBackend, fast_s: float, slow_s: float,
         runs: int) -> None:
-    """A cell LOSER_FACTOR x over its bound (3x its layer's best: an int8 conv on a CPU with
-    no dot-product instructions) is not warmed up and timed once its calibration runs showed
-    it: a heavy one after its first run, a light one (whose cold first run may be a few times
-    its warm ones) after its second. Both were 6 runs a cell, 0.7-1.3 s each on a detector."""
+    """A heavy cell LOSER_FACTOR x over its bound (3x its layer's best: an int8 conv on a CPU
+    with no dot-product instructions) is not warmed up and timed once its first calibration
+    run showed it (it was 6 runs a cell, 0.7-1.3 s each on a detector); a light one is."""
     part = partition(mlp_path)
     slow = _SlowBackend(ort_backend, {"fast": fast_s, "slow": slow_s})
     fast, loser = Target("slowref", "fast", "fp32"), Target("slowref", "slow", "fp32")
@@ -141,7 +142,7 @@ def test_a_target_three_times_slower_than_the_best_stops_at_its_calibration_runs
     bound = 1.5 * cell.ms
     beaten = prof.measure(0, 1, loser, bound)
     assert slow.ran == {"slow": runs}
-    assert beaten.ms is not None and beaten.ms > 2 * bound and beaten.error is not None
+    assert beaten.ms is not None and beaten.ms > 1.5 * bound and beaten.error is not None
 
 
 class _LongInput(Executable):

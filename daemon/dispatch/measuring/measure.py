@@ -87,9 +87,9 @@ EARLY_FACTOR = 1.5
 COLD_FACTOR = 6.0
 # a whole model whose calibration run took this long is timed no further once over the bound
 HEAVY_MS = 50.0
-# a warm run (or a heavy one, whose cold start is a small part of it) this many times over the
-# bound (3x the layer's best) ends a cell after its calibration runs: an int8 conv on a CPU
-# without dot-product instructions ran 3-5x fp32, 0.7-1.3 s a run, timed 6 runs a cell
+# a heavy run (its cold start a small part of it) this many times over the bound (3x the
+# layer's best) ends a cell after it: an int8 conv on a CPU without dot-product instructions
+# ran 3-5x fp32, 0.7-1.3 s a run, and was timed 6 runs a cell
 LOSER_FACTOR = 2.0
 SLOW_INPUT_FACTOR = 3.0  # see Measurer.error_envs
 
@@ -225,7 +225,7 @@ class Measurer:
             envs = self.error_envs()
             names = seg.outputs
             err, first_ms = 0.0, float("inf")
-            for k, env in enumerate(envs):
+            for env in envs:
                 t0 = time.perf_counter()
                 out = exe.run(env)
                 first_ms = min(first_ms, (time.perf_counter() - t0) * 1e3)
@@ -236,13 +236,13 @@ class Measurer:
                 err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
                 if bound_ms is not None and (
                         first_ms > COLD_FACTOR * bound_ms
-                        or (first_ms > LOSER_FACTOR * bound_ms
-                            and (k > 0 or first_ms >= HEAVY_MS))):
+                        or (first_ms > LOSER_FACTOR * bound_ms and first_ms >= HEAVY_MS)):
                     # one run COLD_FACTOR x over the bound (a cold first run may be a few
                     # times slower than a warm one, not this much), or LOSER_FACTOR x where
-                    # it was warm or heavy: a reference-kernel target (Arm NN CpuRef,
-                    # seconds a run) or a slow int8 is not run on the other calibration
-                    # inputs, warmed up and timed on top of it; its error is this input's
+                    # it was heavy (a light one's calibration runs are no figure: Silero VAD
+                    # on one thread ran them 3x its warm runs): a reference-kernel target or
+                    # a slow int8 is not run on the other inputs, warmed up and timed; its
+                    # error is this input's
                     return Cell(first_ms, err, exe.memory_bytes)
             if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
                 # a heavy whole model over the bound is no best single target: its warm
@@ -253,8 +253,8 @@ class Measurer:
             if as_plan:
                 return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
             feed = self.reference_envs()[0]
-            # the calibration runs above were its warm-up runs
-            warm = max(0, self.warmup - len(envs))
+            # the calibration runs above warmed it up (a light one's first is no warm-up)
+            warm = max(0, self.warmup - len(envs) + (first_ms < HEAVY_MS))
             ms = median_ms(lambda: exe.run(feed), self.runs, warm, MIN_TIMED_MS, bound_ms)
             return Cell(ms, err, exe.memory_bytes)
         except EdgepilotError as exc:
