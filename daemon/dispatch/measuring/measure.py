@@ -187,8 +187,9 @@ class Measurer:
         9x the other, and on every (layer, target) it made a 5-minute plan 15 minutes."""
         envs = self.reference_envs()
         cheapest = min(self._env_ms, default=0.0)
+        # (a light model's first pass is its sessions' cold start, no measure of its input)
         keep = [env for env, ms in zip(envs, self._env_ms, strict=True)
-                if ms <= SLOW_INPUT_FACTOR * cheapest]
+                if ms <= SLOW_INPUT_FACTOR * cheapest or cheapest < HEAVY_MS]
         if len(keep) < len(envs):
             log.debug("calibration inputs ran %s ms: cells checked on %d", self._env_ms,
                       len(keep))
