@@ -108,6 +108,10 @@ class Executable(ABC):
         """The worker process it runs in (``isolation = "process"``); None: in this one."""
         return None
 
+    def reset_state(self) -> None:  # noqa: B027 - optional hook
+        """Forget what a run left for the next one (a TFLite model's variable tensors, an
+        LSTM's state kept between invokes): run on from here as if freshly built."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release native resources."""
 

@@ -167,6 +167,10 @@ class TfliteExecutable(Executable):
                 raise BackendError(f"input {name!r}: {exc}", field=f"inputs.{name}") from None
             return self._invoke()
 
+    def reset_state(self) -> None:
+        with self._lock:
+            self.interp.reset_all_variables()
+
     def run_locked(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One call after a resize (the lock is held by the caller)."""
         interp = self.interp

@@ -67,6 +67,9 @@ class UnrunnableModel(ModelError):
 
     code = "model_unrunnable"
     http_status = 422
+    # whether some runtime built the model and failed running it (on inputs that may be the
+    # cause), not only refused to load it
+    ran = False
 
 
 class PlanError(EdgepilotError):

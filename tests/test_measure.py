@@ -272,3 +272,20 @@ def test_a_precision_recipe_that_changes_nothing_is_not_timed_again(
     again = LatencyTable.from_dict(table.as_dict())
     assert [r[str(INT4)].same_as for r in again.cells] == [r[str(INT4)].same_as
                                                           for r in table.cells]
+
+
+def test_reference_tensors_kept_for_planning_do_not_hold_session_arenas(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    # an onnxruntime output is a view into its session's arena (a capsule as its base) and
+    # keeps the whole arena alive: planning Kokoro TTS held 4.7 GB of closed sessions' arenas
+    # through the boundary tensors it keeps
+    part = partition(mlp_path)
+    prof = Measurer(part, {"onnxruntime": ort_backend}, [FP32], FP32,
+                    onnx_gen.sample_inputs(mlp_path, count=2), runs=3, warmup=1)
+    exe = prof.compile(0, 1, FP32)
+    raw = exe.run(prof.calibration[0])
+    assert any(not v.flags.owndata for v in raw.values())  # what would be kept otherwise
+    envs = prof.reference_envs()
+    assert len(envs) == 2
+    kept = [v for env in envs for k, v in env.items() if k not in prof.calibration[0]]
+    assert kept and all(v.flags.owndata and v.base is None for v in kept)

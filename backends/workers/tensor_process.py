@@ -232,6 +232,11 @@ class WorkerExecutable(Executable):
             answer = link.call("run", self.xid, layout)
             return self._out.read(answer, "out", copy=True)
 
+    def reset_state(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self.ensure().call("reset", self.xid)
+
     @property
     def memory_bytes(self) -> int:
         return self._memory

@@ -109,6 +109,10 @@ class TensorWorker(WorkerLoop):
             elif kind == "release":
                 self.release(*args)
                 value = None
+            elif kind == "reset":
+                value = None
+                if (entry := self.compiled.get(args[0])) is not None:
+                    entry.exe.reset_state()
             else:
                 raise BackendError(f"unknown worker request {kind!r}")
             self.send(("result", rid, value))

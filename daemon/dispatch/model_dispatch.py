@@ -112,11 +112,13 @@ class ModelDispatch:
                         self.shapes, self.backends, self.targets, self.calibration,
                         cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
         except UnrunnableModel as exc:  # at shapes or values no one chose: say which, and how
-            hint = open_dims_hint(self.path, specs, self.shapes) + samples.generated_hint(
-                specs, self.name)
+            hint = open_dims_hint(self.path, specs, self.shapes) + (
+                samples.generated_hint(specs, self.name) if exc.ran else "")
             if not hint:
                 raise
-            raise UnrunnableModel(exc.message + hint, field=exc.field) from None
+            again = UnrunnableModel(exc.message + hint, field=exc.field)
+            again.ran = exc.ran
+            raise again from None
         part, ref, adopted, self.spare = got.part, got.ref, got.adopted, got.spare
         self.part, self.targets, self.reference, self.published = \
             part, got.targets, ref, got.shell_of
@@ -241,6 +243,9 @@ class ModelDispatch:
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan
+        # a streaming model's first request meets the state a fresh runtime has, not what
+        # the plan's check and timing runs left
+        compiled.reset_state()
         # old executables are dropped, not closed: a request may still be running on them
         self.plan, self.compiled = plan, compiled
         self.monitor.reset([s.predicted_ms for s in compiled.segments])

@@ -271,6 +271,12 @@ def _prune_buffers(model: Any) -> None:
                                         dtype=np.int32)
 
 
+def has_variable_tensors(path: Path) -> bool:
+    """Whether the main subgraph keeps variable tensors: state an operator (a stateful LSTM)
+    writes on one invoke and reads on the next."""
+    return any(t.isVariable for t in load(path).subgraphs[0].tensors)
+
+
 def is_quantized(path: Path) -> bool:
     """True when the main subgraph's model inputs are int8/uint8 (a fully quantized model)."""
     model = load(path)

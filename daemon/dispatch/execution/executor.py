@@ -101,6 +101,11 @@ class CompiledPlan:
             raise BackendError(f"plan produced no {', '.join(missing)}; replan the model")
         return {o: env[o] for o in self.outputs}
 
+    def reset_state(self) -> None:
+        """Every segment as freshly built (see :meth:`Executable.reset_state`)."""
+        for seg in self.segments:
+            seg.exe.reset_state()
+
     @property
     def memory_bytes(self) -> int:
         return sum(s.exe.memory_bytes for s in self.segments)

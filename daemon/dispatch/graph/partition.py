@@ -340,16 +340,17 @@ def partition(path: Path, kind: ModelKind | None = None, *,
                 graph.write()
     elif kind == "tflite":
         from edgepilot.dispatch.graph.tflite_layers import default_shapes, read_tflite
-        from edgepilot.formats.tflite_graph import signature_keys
+        from edgepilot.formats.tflite_graph import has_variable_tensors, signature_keys
 
         shapes = dict(shapes) if shapes else default_shapes(path)
         nodes, ins, outs, sizes = read_tflite(path, shapes)
         served, keys = signature_keys(path)
         if len(keys) > 1:
             signatures = {"served": served, "others": [k for k in keys if k != served]}
-        if any(n.op in STATEFUL_TFLITE_OPS for n in nodes):
-            # resource variables live in one interpreter and CALL_ONCE initialises them all:
-            # a streaming model runs whole, and the plan picks its best target
+        if any(n.op in STATEFUL_TFLITE_OPS for n in nodes) or has_variable_tensors(path):
+            # resource variables live in one interpreter and CALL_ONCE initialises them all;
+            # variable tensors (an LSTM's state kept between invokes) live in it too: a
+            # streaming model runs whole, and the plan picks its best target
             max_layers = 1
     else:
         raise PlanError(f"{path.name}: per-layer planning covers ONNX and TFLite models; "

@@ -24,6 +24,7 @@ from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
+from edgepilot.dispatch.measuring.runnable import owned
 from edgepilot.dispatch.measuring.timing import (
     MIN_TIMED_MS,
     SETTLE_MS,
@@ -166,25 +167,25 @@ class Measurer:
     def reference_envs(self) -> list[dict[str, np.ndarray]]:
         """Every tensor of the fp32 reference run, per calibration input."""
         if self._ref_envs is None:
-            exes = [self.compile(i, i + 1, self.reference) for i in range(len(self.part.layers))]
-            envs = []
-            for feed in self.calibration:
-                env = dict(feed)
-                t0 = time.perf_counter()
-                for exe in exes:
-                    env.update(exe.run(env))
-                self._env_ms.append((time.perf_counter() - t0) * 1e3)
-                envs.append(env)
-            for exe in exes:
-                exe.close()
+            # one layer's session alive at a time, its outputs copied out of its arena
+            envs = [dict(feed) for feed in self.calibration]
+            self._env_ms = [0.0] * len(envs)
+            for i in range(len(self.part.layers)):
+                exe = self.compile(i, i + 1, self.reference)
+                try:
+                    for k, env in enumerate(envs):
+                        t0 = time.perf_counter()
+                        env.update(owned(exe.run(env)))
+                        self._env_ms[k] += (time.perf_counter() - t0) * 1e3
+                finally:
+                    exe.close()
             self._ref_envs = envs
         return self._ref_envs
 
     def error_envs(self) -> list[dict[str, np.ndarray]]:
         """The reference runs of the calibration inputs within SLOW_INPUT_FACTOR x the
-        cheapest: each cell's error is measured on these, the whole plan's on all. Where
-        output length follows the input's values (a TTS model's durations), one input ran
-        9x the other, and on every (layer, target) it made a 5-minute plan 15 minutes."""
+        cheapest: each cell's error is measured on these, the whole plan's on all (a TTS
+        model's input that ran 9x the other made a 5-minute plan 15 minutes)."""
         envs = self.reference_envs()
         cheapest = min(self._env_ms, default=0.0)
         # (a light model's first pass is its sessions' cold start, no measure of its input)
@@ -247,9 +248,8 @@ class Measurer:
                     return Cell(first_ms, err, exe.memory_bytes)
             if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
                 # a heavy whole model over the bound is no best single target: its warm
-                # calibration run is figure enough for what it is used for (calibrating its
-                # segments). A light one's first runs are no figure (Silero VAD on one thread:
-                # 0.38 ms for its calibration runs, 0.11 ms warm) and its timing costs little.
+                # calibration run is figure enough to calibrate its segments. A light one's
+                # first runs are no figure (Silero VAD on one thread: 0.38 ms, 0.11 ms warm).
                 return Cell(first_ms, err, exe.memory_bytes)
             if as_plan:
                 return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)

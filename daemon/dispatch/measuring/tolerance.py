@@ -29,6 +29,14 @@ def tensor_error(out: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> fl
     b = np.asarray(ref, dtype=np.float64).ravel()
     if a.shape != b.shape:
         return float("inf")
+    finite = np.isfinite(a) & np.isfinite(b)
+    if not finite.all():
+        # an attention mask's -inf: equal non-finite values agree and weigh nothing (inf - inf
+        # is NaN); a non-finite value where the other side differs is an infinite error
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        if not (same | finite).all():
+            return float("inf")
+        a, b = np.where(finite, a, 0.0), np.where(finite, b, 0.0)
     if metric == "rel_l2":
         return float(_norm(a - b) / max(_norm(b), _EPS))
     if metric == "cosine":
