@@ -302,3 +302,18 @@ def test_embeddings_equal_llamacpp_mean_pooled(client: ollama.Client,
     np.testing.assert_allclose([d.embedding for d in data], got.embeddings, atol=1e-6)
     # generation after embedding still answers as before (the context is back to generating)
     assert client.generate(model="smol", prompt="hi", options={"num_predict": 3}).eval_count
+
+
+def test_no_num_predict_means_until_the_end_and_the_heartbeat_answers(
+        client: ollama.Client) -> None:
+    # llama-cpp-python's own default (16 tokens) cut every answer of ollama.chat() and
+    # ChatOllama, which send no num_predict: Ollama's default is -1, no limit
+    out = client.generate(model="tiny", prompt="the board", options={"temperature": 0})
+    assert out.eval_count is not None and out.eval_count > 16, out
+    # -2, fill the context: it ends (the context is 1024 tokens), whatever the model emits
+    full = client.generate(model="tiny", prompt="the board",
+                           options={"temperature": 0, "num_predict": -2})
+    assert full.done and full.eval_count is not None and 16 < full.eval_count < 1024
+    # the ollama CLI and chat front ends probe "/" first
+    assert client._request_raw("GET", "/").text == "Ollama is running"
+    assert client._client.head("/").status_code == 200

@@ -438,3 +438,44 @@ def test_token_ids_are_refused_in_one_line_naming_the_way_out(client: openai.Ope
     them as this model's would answer silently wrong."""
     with pytest.raises(openai.BadRequestError, match="check_embedding_ctx_length=False"):
         client.embeddings.create(model="tiny", input=[[9906, 1917]])
+
+
+def test_no_token_limit_means_until_the_context_is_full_not_16_tokens(
+        client: openai.OpenAI, reference: Llama) -> None:
+    # llama-cpp-python's own default (16 tokens) cut every answer of a client that sends no
+    # limit (LangChain, litellm): OpenAI's is end-of-sequence or a full context (256 here)
+    tok = reference.tokenize(b" board", add_bos=False)[0]
+    got = client.completions.create(model="tiny", prompt="the", temperature=0,
+                                    logit_bias={str(tok): 100})
+    assert got.usage is not None and got.choices[0].finish_reason == "length"
+    assert got.usage.prompt_tokens + got.usage.completion_tokens == 256
+
+
+def test_a_generation_whose_bytes_stop_being_utf8_ends_instead_of_crawling(
+        client: openai.OpenAI, reference: Llama) -> None:
+    # llama-cpp-python holds back every token after a byte no further byte makes UTF-8 and
+    # retries all of them at each token: a request without a limit ran 20 minutes
+    from edgepilot.backends.llamacpp.runtime import HOLD_LIMIT
+
+    bad = next(i for i in range(reference.n_vocab()) if reference.detokenize([i]) == b"\xbe")
+    got = client.completions.create(model="tiny", prompt="the", temperature=0, max_tokens=200,
+                                    logit_bias={str(bad): 100})
+    assert got.usage is not None and got.choices[0].finish_reason == "stop"
+    assert HOLD_LIMIT <= got.usage.completion_tokens <= HOLD_LIMIT + 2, got.usage
+
+
+def test_an_answers_message_sent_back_whole_is_taken(client: openai.OpenAI) -> None:
+    # agent loops append ``message.model_dump()``: refusal, audio, function_call as null and
+    # annotations as [] are OpenAI's own answer fields
+    first = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                           max_tokens=4, temperature=0)
+    echoed = {**first.choices[0].message.model_dump(), "annotations": []}
+    assert {"refusal", "audio", "function_call"} <= set(echoed)
+    again = client.chat.completions.create(
+        model="tiny", messages=[*MESSAGES, echoed, {"role": "user", "content": "and?"}],  # type: ignore[list-item]
+        max_tokens=4, temperature=0, stream_options=None)
+    assert again.choices[0].message.role == "assistant"
+    streamed = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=4, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True, "include_obfuscation": False})
+    assert [c for c in streamed if c.usage is not None]

@@ -201,7 +201,7 @@ class LlamaExecutable(GenerativeExecutable):
         adapter = self.adapter_of(params)
         params, logprobs = with_logprobs(dict(params), self.llm)
         params = with_logit_bias(params, int(self.llm.n_vocab()))
-        params = cancellable(params, cancel, int(self.llm.token_eos()))
+        params = cancellable(params, cancel, int(self.llm.token_eos()), self._token_bytes)
         if params.get("stream"):
             return TokenStream(self, functools.partial(
                 self.llm.create_chat_completion, messages=messages, **params), field="messages",
@@ -220,7 +220,7 @@ class LlamaExecutable(GenerativeExecutable):
         adapter = self.adapter_of(params)
         params, logprobs = with_logprobs(dict(params), self.llm)
         params = with_logit_bias(params, int(self.llm.n_vocab()))
-        params = cancellable(params, cancel, int(self.llm.token_eos()))
+        params = cancellable(params, cancel, int(self.llm.token_eos()), self._token_bytes)
         if params.get("stream"):
             return TokenStream(self, functools.partial(
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt,
@@ -230,6 +230,9 @@ class LlamaExecutable(GenerativeExecutable):
             out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
             self.end_request()
             return attach(self._with_cached(out), logprobs, chat=False)
+
+    def _token_bytes(self, tokens: list[int]) -> bytes:
+        return bytes(self.llm.detokenize(tokens))
 
     def _with_cached(self, out: Any) -> Any:
         if isinstance(out.get("usage"), dict):

@@ -34,6 +34,7 @@ from edgepilot.backends.llamacpp.logprobs import (
 )
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
+    cancellable,
     import_llama_cpp,
     usage_of,
     with_cached,
@@ -268,6 +269,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         view = self._view(cancel)
         params, logprobs = with_logprobs(dict(params), view)
         params = with_logit_bias(params, int(self.llm.n_vocab()))
+        params = cancellable(params, None, int(self.llm.token_eos()), self._token_bytes)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_chat_completion(
                 messages=messages, **params), field="messages", logprobs=logprobs)
@@ -286,6 +288,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         view = self._view(cancel)
         params, logprobs = with_logprobs(dict(params), view)
         params = with_logit_bias(params, int(self.llm.n_vocab()))
+        params = cancellable(params, None, int(self.llm.token_eos()), self._token_bytes)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_completion(
                 prompt=prompt, **params), empty_prompt=not prompt, logprobs=logprobs)
@@ -295,6 +298,9 @@ class LlamaBatchExecutable(LlamaExecutable):
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], view)
         return attach(out, logprobs, chat=False)
+
+    def _token_bytes(self, tokens: list[int]) -> bytes:
+        return bytes(self.llm.detokenize(tokens))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` in a free sequence; return the last position's logits."""

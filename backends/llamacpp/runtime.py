@@ -5,6 +5,7 @@ executables (usage counted like llama.cpp's own response, cancellation, refused 
 
 from __future__ import annotations
 
+import codecs
 import concurrent.futures
 import contextlib
 import queue
@@ -280,33 +281,75 @@ class ThreadGovernor(Protocol):
 
 
 
-def cancellable(params: dict[str, Any], cancel: threading.Event | None,
-                 eos: int) -> dict[str, Any]:
+def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int,
+                detokenize: Callable[[list[int]], bytes] | None = None) -> dict[str, Any]:
     """``params`` with a logits processor that ends the generation at the next token once
     ``cancel`` is set (a client gone, a shutdown past its drain deadline): only end-of-sequence
     stays possible. Without it a generation that yields nothing for a while (held-back partial
     UTF-8, a non-streamed request) runs to ``max_tokens`` and keeps the process from exiting.
     (Raising instead does not work: llama-cpp-python calls processors from a C callback that
-    prints exceptions and carries on.)"""
-    if cancel is None:
+    prints exceptions and carries on.)
+
+    With ``detokenize`` (token ids -> bytes) it also ends a generation HOLD_LIMIT tokens after
+    its bytes stopped being UTF-8: llama-cpp-python's stream holds every token back from the
+    first invalid byte on and tries each prefix of the held-back tokens again at every token,
+    so a model that emits one (a random-weight GGUF often does) runs to ``max_tokens``
+    yielding nothing, slower at every token: a request with no limit ran 20 minutes and held
+    its device all along. What was held back is still returned (llama-cpp-python drops the
+    invalid bytes at the end)."""
+    if cancel is None and detokenize is None:
         return params
     # Under a grammar (structured output, tool calls) end-of-sequence is only allowed where the
     # grammar ends: forced anywhere else, llama.cpp's grammar is left with no state and aborts
     # the process. Such a generation goes on under its grammar to its end or max_tokens; a
     # stream still stops at its next token (its consumer stops reading).
     constrained = params.get("grammar") is not None
+    prompt: list[int] = []  # the context's length at the first call: the prompt
+    broken: list[int] = []  # where the bytes stopped being UTF-8
 
     def check(input_ids: Any, scores: Any) -> Any:
-        if cancel.is_set() and not constrained:
+        if constrained:
+            return scores
+        n = len(input_ids)
+        if not prompt:
+            prompt.append(n)
+        if broken and n <= broken[0]:  # a draft that held it was rejected
+            broken.clear()
+        if detokenize is not None and not broken and not_utf8(detokenize, input_ids, prompt[0]):
+            broken.append(n)
+        if (cancel is not None and cancel.is_set()) or (broken and n - broken[0] >= HOLD_LIMIT):
             scores[:] = -np.inf
             scores[eos] = 0.0
         return scores
 
-    check.draft_safe = True  # type: ignore[attr-defined]  # reads no tokens: drafting may go on
+    # reads only the last few tokens: a rejected draft among them is forgotten once the
+    # context is back before it
+    check.draft_safe = True  # type: ignore[attr-defined]
 
     llama_cpp = import_llama_cpp()
     processors = llama_cpp.LogitsProcessorList([*(params.get("logits_processor") or []), check])
     return {**params, "logits_processor": processors}
+
+
+UTF8_WINDOW = 8  # tokens: a character is at most 4 bytes, each a token at worst
+# tokens held back (llama-cpp-python's retries: ~0.1 s in all) before such a generation ends
+HOLD_LIMIT = 64
+
+
+def not_utf8(detokenize: Callable[[list[int]], bytes], input_ids: Any, start: int) -> bool:
+    """Whether the last tokens generated (after ``start``) hold a byte sequence that no
+    further byte can make UTF-8 (a character cut at the window's start is no error, nor one
+    the next tokens may complete)."""
+    tail = [int(t) for t in input_ids[max(start, len(input_ids) - UTF8_WINDOW):]]
+    if not tail:
+        return False
+    data = detokenize(tail)
+    data = data[next((i for i, b in enumerate(data[:4]) if b & 0xC0 != 0x80), 0):]
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 @contextlib.contextmanager

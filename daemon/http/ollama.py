@@ -20,13 +20,14 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from edgepilot import __version__
 from edgepilot.backends.base import GenerativeExecutable
 from edgepilot.backends.llamacpp.grammar import schema_grammar
 from edgepilot.errors import CommandError, ContextOverflow, NotFoundError
 from edgepilot.http.api import api_of
+from edgepilot.http.client_gone import unless_client_leaves
 from edgepilot.http.ollama_models import model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
     ChatBody,
@@ -154,8 +155,8 @@ async def _load_only(gen: Generator, name: str, keep: float | None, started: int
                          "total_duration": time.perf_counter_ns() - started})
 
 
-async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stream: bool,
-                  num_ctx: int | None, field: str = "messages") -> Any:
+async def _answer(request: Request, gen: Generator, run_args: tuple[Any, ...], *, chat: bool,
+                  stream: bool, num_ctx: int | None, field: str = "messages") -> Any:
     """Start the generation (errors before its first token raise: the app answers their
     status) and answer it streamed, or whole (an error on the way raises too)."""
     try:
@@ -171,8 +172,12 @@ async def _answer(gen: Generator, run_args: tuple[Any, ...], *, chat: bool, stre
     answers = parts(run, gen, chat=chat, stream=stream)
     if stream:
         return StreamingResponse(ndjson(answers), media_type="application/x-ndjson")
-    whole = [part async for part in answers]  # not streamed: the last part is the answer
-    return JSONResponse(whole[-1])
+
+    async def last() -> Any:  # not streamed: the last part is the answer
+        return [part async for part in answers][-1]
+
+    whole = await unless_client_leaves(request, last())
+    return whole if isinstance(whole, Response) else JSONResponse(whole)
 
 
 @router.post("/api/chat", summary="Ollama chat (NDJSON stream unless stream is false)",
@@ -197,7 +202,7 @@ async def chat(request: Request) -> Any:
         tools = tool_request(messages, declared, "auto", template)
         messages = tools.messages
         params.update(tools.params)
-    return await _answer(gen, (name, "chat", messages, params, keep, started, tools),
+    return await _answer(request, gen, (name, "chat", messages, params, keep, started, tools),
                          chat=True, stream=body.stream, num_ctx=num_ctx)
 
 
@@ -222,7 +227,7 @@ async def generate(request: Request) -> Any:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) \
             + [{"role": "user", "content": body.prompt}]
         args = (name, "chat", messages, params, keep, started)
-    return await _answer(gen, args, chat=False, stream=body.stream, num_ctx=num_ctx,
+    return await _answer(request, gen, args, chat=False, stream=body.stream, num_ctx=num_ctx,
                          field="prompt")
 
 
@@ -310,6 +315,13 @@ async def show(request: Request) -> Any:
         raise NotFoundError(f"model {name!r} is a {model.kind} tensor model, not a language "
                             "model", field="model")
     return await asyncio.get_running_loop().run_in_executor(gen.executor, show_info, gen, model)
+
+
+@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse,
+                  summary="Ollama's heartbeat: 200 and its text")
+async def heartbeat() -> str:
+    # the ollama CLI (OLLAMA_HOST=...) and chat front ends probe "/" before anything else
+    return "Ollama is running"
 
 
 @router.get("/api/version", summary="Version of this daemon")

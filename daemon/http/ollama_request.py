@@ -67,7 +67,9 @@ def _number(name: str, value: Any, kind: type, bounds: tuple[float, float] | Non
 def sampler_params(options: dict[str, Any] | None) -> dict[str, Any]:
     """llama.cpp generation parameters from Ollama ``options`` (CommandError naming the
     option for a bad value; unknown options ignored)."""
-    params: dict[str, Any] = {}
+    # no num_predict: Ollama's default -1, until the context is full (llama-cpp-python's
+    # own default, 16 tokens, cut every answer of ollama.chat() and ChatOllama)
+    params: dict[str, Any] = {"max_tokens": None}
     for name, value in (options or {}).items():
         if value is None:
             continue

@@ -22,12 +22,13 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
 from edgepilot.http.api import api_of
+from edgepilot.http.client_gone import unless_client_leaves
 from edgepilot.http.openai_tools import (
     check_messages,
     completion_logprobs,
@@ -86,6 +87,11 @@ class ChatMessage(_Strict):
                                               description="An assistant's earlier calls.")
     tool_call_id: str | None = Field(None, max_length=256,
                                      description="The call a tool message answers.")
+    # an agent loop sends an answer's message back whole (``message.model_dump()``)
+    refusal: str | None = Field(None, max_length=1 << 16, description="Accepted and ignored.")
+    annotations: list[Any] | None = Field(None, max_length=0, description="Accepted empty.")
+    audio: None = Field(None, description="Accepted as null (no audio).")
+    function_call: None = Field(None, description="Accepted as null (see tool_calls).")
 
     def as_llama(self) -> dict[str, Any]:
         content = self.content
@@ -125,6 +131,7 @@ class ToolChoice(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(None, description="Accepted and ignored.")
 
 
 # sampling fields a client may send as null for "the default"
@@ -197,8 +204,9 @@ class Sampling(_Strict):
             "temperature": self.temperature, "top_p": self.top_p, "stop": stop,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty}
-        if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens
+        # absent: until end-of-sequence or a full context, as OpenAI (llama-cpp-python's own
+        # default, 16 tokens, cut every answer of a client that sends no limit: LangChain's)
+        params["max_tokens"] = self.max_tokens
         if self.seed is not None:
             params["seed"] = self.seed
         if self.adapter is not None:
@@ -320,8 +328,10 @@ async def _answer(request: Request, req: Sampling, kind: Literal["chat", "comple
                   prompt: Any, params: dict[str, Any], completion_shape: bool = False) -> Any:
     """``completion_shape``: the answer's logprobs (the backend gives the chat shape) as
     ``/v1/completions`` answers them."""
-    result = await _generator(request).generate(req.model, kind, prompt, params,
-                                                stream=req.stream)
+    work = _generator(request).generate(req.model, kind, prompt, params, stream=req.stream)
+    result = await (work if req.stream else unless_client_leaves(request, work))
+    if isinstance(result, Response):  # the client left: nobody reads this
+        return result
     if isinstance(result, dict):
         result["model"] = req.model
         if completion_shape:
