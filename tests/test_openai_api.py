@@ -479,3 +479,28 @@ def test_an_answers_message_sent_back_whole_is_taken(client: openai.OpenAI) -> N
         model="tiny", messages=MESSAGES, max_tokens=4, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True, "include_obfuscation": False})
     assert [c for c in streamed if c.usage is not None]
+
+
+def test_llamacpp_samplers_reach_the_sampler_and_image_parts_are_named(
+        client: openai.OpenAI) -> None:
+    # top_k etc. are llama.cpp's server's, not OpenAI's: local front ends send them
+    greedy = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                            max_tokens=8, temperature=0)
+    top1 = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                          max_tokens=8, temperature=1.5, seed=7,
+                                          extra_body={"top_k": 1, "min_p": 0.0,
+                                                      "repeat_penalty": 1.0})
+    assert top1.choices[0].message.content == greedy.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="top_k"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                       extra_body={"top_k": -1})
+    image = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?", "cache_control": {"type": "ephemeral"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    with pytest.raises(openai.BadRequestError, match=r"image_url.*text only"):
+        client.chat.completions.create(model="tiny", messages=image)  # type: ignore[arg-type]
+    cached = [{"role": "user", "content": [
+        {"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}]}]
+    ok = client.chat.completions.create(model="tiny", messages=cached,  # type: ignore[arg-type]
+                                        max_tokens=2)
+    assert ok.choices[0].message.role == "assistant"

@@ -205,3 +205,34 @@ def test_structured_strings_hold_no_raw_control_characters(oa: openai.OpenAI) ->
         assert isinstance(got.choices[0].message.parsed, Poem)
         json.loads(got.choices[0].message.content or "")  # strict: no raw control characters
     assert finished
+
+
+def test_the_deprecated_functions_are_answered_as_function_call(oa: openai.OpenAI) -> None:
+    # OpenAI's API still takes them and older clients (LangChain's legacy agents) send them
+    functions = [t["function"] for t in TOOLS]
+    got = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                     functions=functions,  # type: ignore[arg-type]
+                                     function_call={"name": "HassTurnOn"}, max_tokens=60,
+                                     temperature=0)
+    choice = got.choices[0]
+    assert choice.finish_reason == "function_call" and not choice.message.tool_calls
+    call = choice.message.function_call
+    assert call is not None and call.name == "HassTurnOn"
+    _valid_call(call.name, json.loads(call.arguments))
+    streamed = list(oa.chat.completions.create(
+        model="smol", messages=MESSAGES, functions=functions,  # type: ignore[arg-type]
+        function_call={"name": "HassTurnOn"}, max_tokens=60, temperature=0, stream=True))
+    parts = [c.choices[0].delta.function_call for c in streamed
+             if c.choices and c.choices[0].delta.function_call]
+    assert [(p.name, p.arguments) for p in parts] == [(call.name, call.arguments)]
+    # its result goes back as a function message, answering the call by name
+    follow = [*MESSAGES, choice.message.model_dump(),
+              {"role": "function", "name": "HassTurnOn", "content": '{"success": true}'}]
+    after = oa.chat.completions.create(model="smol", messages=follow,  # type: ignore[arg-type]
+                                       functions=functions, max_tokens=20)
+    assert after.choices[0].finish_reason in ("stop", "length", "function_call")
+    with pytest.raises(openai.BadRequestError, match="not both"):
+        oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                   functions=functions, tools=TOOLS)  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="request with the deprecated functions"):
+        oa.chat.completions.create(model="smol", messages=follow)  # type: ignore[arg-type]

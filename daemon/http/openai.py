@@ -18,18 +18,25 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.client_gone import unless_client_leaves
+from edgepilot.http.openai_models import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    Sampling,
+    ToolChoice,
+)
 from edgepilot.http.openai_tools import (
+    as_function_call,
     check_messages,
     completion_logprobs,
     logprob_params,
@@ -43,198 +50,6 @@ from edgepilot.serving.templates import template_of
 from edgepilot.serving.tools import chat_template_of, tool_request
 
 router = APIRouter()
-
-
-def _utf8(text: str) -> str:
-    # JSON may carry lone surrogates ("\ud800") that no tokenizer can encode; refuse them here,
-    # naming the field, instead of failing inside llama.cpp
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"text must be valid Unicode; a lone surrogate "
-                         f"{text[exc.start]!r} is at position {exc.start}") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_utf8)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: Text
-
-
-class CallFunction(_Strict):
-    name: str = Field(min_length=1, max_length=256)
-    arguments: str = Field(max_length=1 << 20, description="The arguments as a JSON string.")
-
-
-class ToolCall(_Strict):
-    id: str = Field(max_length=256)
-    type: Literal["function"] = "function"
-    function: CallFunction
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
-    name: str | None = Field(None, max_length=256)
-    tool_calls: list[ToolCall] | None = Field(None, max_length=128,
-                                              description="An assistant's earlier calls.")
-    tool_call_id: str | None = Field(None, max_length=256,
-                                     description="The call a tool message answers.")
-    # an agent loop sends an answer's message back whole (``message.model_dump()``)
-    refusal: str | None = Field(None, max_length=1 << 16, description="Accepted and ignored.")
-    annotations: list[Any] | None = Field(None, max_length=0, description="Accepted empty.")
-    audio: None = Field(None, description="Accepted as null (no audio).")
-    function_call: None = Field(None, description="Accepted as null (see tool_calls).")
-
-    def as_llama(self) -> dict[str, Any]:
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(p.text for p in content)
-        role = "system" if self.role == "developer" else self.role
-        out: dict[str, Any] = {"role": role, "content": content or ""}
-        if self.tool_calls:
-            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name is not None and role == "tool":
-            out["name"] = self.name
-        return out
-
-
-class FunctionDef(_Strict):
-    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:-]+$")
-    description: str | None = Field(None, max_length=1 << 16)
-    parameters: dict[str, Any] | None = Field(None, description="JSON Schema of the arguments.")
-    strict: bool | None = None
-
-
-class ToolDef(_Strict):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(_Strict):
-    name: str = Field(min_length=1, max_length=256)
-
-
-class ToolChoice(_Strict):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-    include_obfuscation: bool | None = Field(None, description="Accepted and ignored.")
-
-
-# sampling fields a client may send as null for "the default"
-_NULLABLE = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "n", "stream",
-             "logit_bias")
-
-
-def _no_token_ids(value: Any) -> Any:
-    """Token ids are a tokenizer's: OpenAI clients that send them (LangChain's
-    OpenAIEmbeddings counts with tiktoken) mean OpenAI's, which are not this model's."""
-    if isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
-        raise ValueError("token ids are not supported: ids are tokenizer-specific (a client "
-                         "counting with tiktoken sends OpenAI's, not this model's); send text "
-                         "(LangChain: OpenAIEmbeddings(check_embedding_ctx_length=False))")
-    return value
-
-
-# text, or what an OpenAI client may send instead: token ids, refused naming the field
-Texts = Annotated[Text | list[Text] | list[int] | list[list[int]], AfterValidator(_no_token_ids)]
-
-
-class Sampling(_Strict):
-    model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
-    max_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    stop: Text | list[Text] | None = Field(None, description="Up to 4 stop strings.")
-    seed: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    n: Literal[1] = Field(1, description="Only one choice per request is generated.")
-    adapter: str | None = Field(
-        None, min_length=1, max_length=64,
-        description="A LoRA adapter of the model (its [[models]] adapters); the model name "
-                    "'<model>:<adapter>' picks one too.")
-    logit_bias: dict[str, float] | None = Field(
-        None, max_length=1024, description="Token id (this model's tokenizer, as a string) -> "
-                                           "bias in [-100, 100] added to its logit.")
-    # fields of OpenAI's request that change nothing a local model generates (where an answer
-    # is stored, billing tiers, cache routing, a reasoning model's budget): clients and
-    # frameworks forward them from their settings, so they are accepted and ignored, as
-    # llama.cpp's server and Ollama's /v1 do
-    store: bool | None = Field(None, description="Accepted and ignored (nothing is stored).")
-    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored.")
-    service_tier: str | None = Field(None, max_length=64, description="Accepted and ignored.")
-    prompt_cache_key: str | None = Field(None, max_length=1024,
-                                         description="Accepted and ignored (prefix reuse is "
-                                                     "automatic).")
-    safety_identifier: str | None = Field(None, max_length=256,
-                                          description="Accepted and ignored.")
-    reasoning_effort: str | None = Field(None, max_length=32,
-                                         description="Accepted and ignored.")
-    verbosity: str | None = Field(None, max_length=32, description="Accepted and ignored.")
-    user: str | None = Field(None, max_length=256, description="Accepted and ignored.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls_are_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if not (v is None and k in _NULLABLE)}
-        return data
-
-    def llama_params(self) -> dict[str, Any]:
-        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if len(stop) > 4:
-            raise CommandError("at most 4 stop strings are allowed", field="stop")
-        params: dict[str, Any] = {
-            "temperature": self.temperature, "top_p": self.top_p, "stop": stop,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty}
-        # absent: until end-of-sequence or a full context, as OpenAI (llama-cpp-python's own
-        # default, 16 tokens, cut every answer of a client that sends no limit: LangChain's)
-        params["max_tokens"] = self.max_tokens
-        if self.seed is not None:
-            params["seed"] = self.seed
-        if self.adapter is not None:
-            params["adapter"] = self.adapter
-        if self.logit_bias:
-            params["logit_bias"] = dict(self.logit_bias)
-        return params
-
-
-class ChatRequest(Sampling):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 20)
-    response_format: dict[str, Any] | None = Field(
-        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": '
-                          '{"name", "schema"}}: constrained by a grammar from the schema.')
-    tools: list[ToolDef] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
-    parallel_tool_calls: bool | None = Field(None, description="At most one call is made.")
-    logprobs: bool | None = Field(None, description="Each answer token's logprob.")
-    top_logprobs: int | None = Field(None, ge=0, le=20,
-                                     description="Alternatives per token (needs logprobs).")
-    modalities: list[Literal["text"]] | None = Field(None, description="Text only.")
-
-
-class CompletionRequest(Sampling):
-    prompt: Texts
-    logprobs: int | None = Field(None, ge=0, le=5, description="Each answer token's logprob "
-                                 "and this many alternatives.")
 
 
 def _generator(request: Request) -> Generator:
@@ -280,6 +95,7 @@ def _templates(gen: Generator, names: list[str]) -> dict[str, dict[str, str]]:
 
 @router.post("/v1/chat/completions", summary="OpenAI chat completion (GGUF models)")
 async def chat_completions(req: ChatRequest, request: Request) -> Any:
+    legacy = req.legacy_as_tools()
     params = req.llama_params()
     if req.max_completion_tokens is not None:
         params["max_tokens"] = req.max_completion_tokens
@@ -298,10 +114,15 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],
                              choice, template)
         params.update(tools.params)
-        result = await gen.generate(req.model, "chat", tools.messages, params)
+        work = gen.generate(req.model, "chat", tools.messages, params)
+        result = await (work if req.stream else unless_client_leaves(request, work))
+        if isinstance(result, Response):  # the client left: nobody reads this
+            return result
         assert isinstance(result, dict)
         result["model"] = req.model
         result = with_tool_calls(result, tools)
+        if legacy:
+            as_function_call(result)
         if not req.stream:
             return JSONResponse(result)
         include = bool(req.stream_options and req.stream_options.include_usage)
@@ -371,17 +192,6 @@ async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool,
         yield "data: [DONE]\n\n"
     finally:
         await items.aclose()
-
-
-class EmbeddingRequest(_Strict):
-    model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
-    input: Texts = Field(
-        description="A text or up to 256 texts (token ids are refused: they are tokenizer-"
-                    "specific).")
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: the little-endian float32 bytes, base64-encoded.")
-    dimensions: int | None = Field(None, ge=1, description="Keep the first N dimensions.")
-    user: str | None = Field(None, max_length=256)
 
 
 @router.post("/v1/embeddings", summary="OpenAI embeddings (GGUF models, L2-normalised)")

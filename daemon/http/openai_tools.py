@@ -45,6 +45,10 @@ def check_messages(messages: list[dict[str, Any]]) -> None:
     calls: set[str] = set()
     for i, m in enumerate(messages):
         role, content = m["role"], m.get("content")
+        if role == "function" or m.get("function_call"):  # left once functions became tools
+            raise CommandError("function messages and function_call belong to a request with "
+                               "the deprecated functions; send functions, or use tools",
+                               field=f"messages.{i}.role")
         if role in ("system", "developer", "user") and content is None:
             raise CommandError(f"a {role} message needs content", field=f"messages.{i}.content")
         if role == "assistant":
@@ -119,6 +123,16 @@ def with_tool_calls(result: dict[str, Any], tools: ToolRequest) -> dict[str, Any
     return result
 
 
+def as_function_call(result: dict[str, Any]) -> None:
+    """A tool-call answer in the deprecated ``functions`` form: ``message.function_call``
+    (one call) and finish reason ``function_call``, in place."""
+    choice = result["choices"][0]
+    calls = choice["message"].pop("tool_calls", None)
+    if calls:
+        choice["message"]["function_call"] = calls[0]["function"]
+        choice["finish_reason"] = "function_call"
+
+
 def whole_as_chunks(result: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
     """A whole chat answer as OpenAI's SSE chunks (its logprobs on the first)."""
     head = {"id": result.get("id"), "object": "chat.completion.chunk",
@@ -129,6 +143,8 @@ def whole_as_chunks(result: dict[str, Any], include_usage: bool) -> AsyncIterato
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **call}
                                for i, call in enumerate(message["tool_calls"])]
+    elif message.get("function_call"):
+        delta["function_call"] = message["function_call"]
     else:
         delta["content"] = message.get("content") or ""
     # the answer's logprobs ride on the chunk that carries its text (or calls), as the whole
