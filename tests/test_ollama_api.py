@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -317,3 +319,23 @@ def test_no_num_predict_means_until_the_end_and_the_heartbeat_answers(
     # the ollama CLI and chat front ends probe "/" first
     assert client._request_raw("GET", "/").text == "Ollama is running"
     assert client._client.head("/").status_code == 200
+
+
+def test_a_whole_answer_whose_client_left_stops_generating(daemon: DaemonProcess,
+                                                           client: ollama.Client) -> None:
+    # a non-streamed answer is sent only at its end: without a watch on the connection, a
+    # client that gave up left its generation running to num_predict, the device held
+    body = json.dumps({"model": "smol", "prompt": "Tell a very long story.", "stream": False,
+                       "options": {"num_predict": 1000, "temperature": 0.8}}).encode()
+    with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
+        sock.sendall(b"POST /api/generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.settimeout(0.5)
+        with contextlib.suppress(TimeoutError):
+            assert not sock.recv(1)  # nothing comes before the whole answer
+    deadline = time.monotonic() + 120
+    while "the client left before the answer" not in daemon.output():
+        assert time.monotonic() < deadline, daemon.output()[-3000:]
+        time.sleep(0.2)
+    out = client.generate(model="smol", prompt="hi", options={"num_predict": 2})
+    assert out.done and out.eval_count == 2  # the device was given back

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 # nginx's "client closed request": never seen by the client, only in access logs
 CLIENT_GONE = 499
@@ -44,4 +46,6 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T | Resp
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task  # the generation's own cleanup (its device given back) runs to its end
+    log.info("%s %s: the client left before the answer; its generation was stopped",
+             request.method, request.url.path)
     return Response(status_code=CLIENT_GONE)
