@@ -231,3 +231,73 @@ def write_two_signature_tflite(path: Path, keys: tuple[str, str] = ("encode", "d
         path.with_suffix(part).unlink()
     path.write_bytes(pack(model))
     return path
+
+
+def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, memory: int = 4,
+                               rank: int = 2, seed: int = 0) -> Path:
+    """Write ``x[1,width] -> FC+RELU -> SVDF -> FC -> y``: the SVDF keeps its activation
+    history in a variable tensor (``isVariable``) between invokes, as a streaming keyword
+    spotter or a stateful LSTM export does, so the same input gives another output each call."""
+    s = schema()
+    rng = np.random.default_rng(seed)
+    model = s.ModelT()
+    model.version = 3
+    model.description = b"edgepilot stateful SVDF"
+    model.buffers = [s.BufferT()]
+    sg = s.SubGraphT()
+    sg.name = b"main"
+    sg.tensors, sg.operators = [], []
+    units = filters // rank
+
+    def tensor(name: str, shape: list[int], data: np.ndarray | None = None,
+               variable: bool = False) -> int:
+        t = s.TensorT()
+        t.name, t.shape, t.type = name.encode(), np.array(shape, np.int32), s.TensorType.FLOAT32
+        t.isVariable, t.buffer = variable, 0
+        if data is not None:
+            buf = s.BufferT()
+            buf.data = np.frombuffer(data.astype(np.float32).tobytes(), dtype=np.uint8)
+            model.buffers.append(buf)
+            t.buffer = len(model.buffers) - 1
+        sg.tensors.append(t)
+        return len(sg.tensors) - 1
+
+    def weights(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32) / np.sqrt(shape[-1])
+
+    def op(code: int, ins: list[int], outs: list[int], options: Any, kind: int) -> None:
+        o = s.OperatorT()
+        o.opcodeIndex, o.builtinOptionsType, o.builtinOptions = code, kind, options
+        o.inputs, o.outputs = np.array(ins, np.int32), np.array(outs, np.int32)
+        sg.operators.append(o)
+
+    x = tensor("input", [1, width])
+    h = tensor("fc0", [1, width])
+    fc = s.FullyConnectedOptionsT()
+    fc.fusedActivationFunction = s.ActivationFunctionType.RELU
+    op(0, [x, tensor("fc0/w", [width, width], weights(width, width)),
+           tensor("fc0/b", [width], np.zeros(width))], [h], fc,
+       s.BuiltinOptions.FullyConnectedOptions)
+    state = tensor("svdf/state", [1, memory * filters], variable=True)
+    z = tensor("svdf", [1, units])
+    svdf = s.SVDFOptionsT()
+    svdf.rank = rank
+    op(1, [h, tensor("svdf/wf", [filters, width], weights(filters, width)),
+           tensor("svdf/wt", [filters, memory], weights(filters, memory)),
+           tensor("svdf/b", [units], np.zeros(units)), state], [z], svdf,
+       s.BuiltinOptions.SVDFOptions)
+    y = tensor("output", [1, units])
+    op(0, [z, tensor("fc1/w", [units, units], weights(units, units)),
+           tensor("fc1/b", [units], np.zeros(units))], [y], s.FullyConnectedOptionsT(),
+       s.BuiltinOptions.FullyConnectedOptions)
+    sg.inputs, sg.outputs = [x], [y]
+    model.subgraphs = [sg]
+    model.operatorCodes = []
+    for builtin in (s.BuiltinOperator.FULLY_CONNECTED, s.BuiltinOperator.SVDF):
+        code = s.OperatorCodeT()
+        code.builtinCode = code.deprecatedBuiltinCode = builtin
+        code.version = 1
+        model.operatorCodes.append(code)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pack(model))
+    return path
