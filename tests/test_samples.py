@@ -57,6 +57,30 @@ def test_ids_through_cast_stay_below_the_gather_table() -> None:
     assert samples.rules["ids"] == "ids in [0, 1000)"
 
 
+def test_ids_indexing_two_tables_stay_below_the_smaller() -> None:
+    # a word segmenter's [1, 2, seq] input: channel 0 indexes 139 characters, channel 1 a
+    # 6227-syllable table; ids drawn up to the larger one broke the smaller's Gather
+    rng = np.random.default_rng(0)
+    model = _model(
+        [helper.make_node("Gather", ["x", "zero"], ["ch"], axis=1),
+         helper.make_node("Gather", ["x", "one"], ["sy"], axis=1),
+         helper.make_node("Gather", ["chars", "ch"], ["ce"], axis=0),
+         helper.make_node("Gather", ["syllables", "sy"], ["se"], axis=0),
+         helper.make_node("Concat", ["ce", "se"], ["emb"], axis=-1)],
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 2, 32])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 32, 8])],
+        [numpy_helper.from_array(rng.standard_normal((139, 4)).astype(np.float32), "chars"),
+         numpy_helper.from_array(rng.standard_normal((6227, 4)).astype(np.float32),
+                                 "syllables"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    specs = [TensorSpec("x", "int64", (1, 2, 32))]
+    rules = onnx_rules(model, specs)
+    assert rules["x"].kind == "ids" and rules["x"].high == 139
+    for feed in generate(specs, {"x": (1, 2, 32)}, rules, count=3).feeds:
+        _run(model, feed)      # both tables' rows
+
+
 def test_a_quantized_table_is_traced_through_cast_and_mul() -> None:
     table_q = np.random.default_rng(0).integers(-128, 128, (500, 4)).astype(np.int8)
     model = _model(

@@ -149,14 +149,15 @@ def onnx_rules(model: Any, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
     def walk(start: str) -> Rule | None:
         todo, seen = [start], {start}
         compared: list[float] = []
-        while todo:
+        tables: list[int] = []  # every table it indexes: one input's channels may index
+        while todo:             # tables of 139 and 6227 rows (a word segmenter's)
             t = todo.pop()
             for n in consumers.get(t, []):
                 if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == t:
                     axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
                     rows = table_rows(n.input[0], axis)
                     if rows:
-                        return Rule("ids", high=rows)
+                        tables.append(rows)
                 if n.op_type == "Equal":
                     other = n.input[1] if n.input[0] == t else n.input[0]
                     if other in consts:
@@ -166,6 +167,8 @@ def onnx_rules(model: Any, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
                         if o not in seen:
                             seen.add(o)
                             todo.append(o)
+        if tables:
+            return Rule("ids", high=min(tables))
         if compared:
             return Rule("choice", values=sorted(set(compared), reverse=True))
         return None
