@@ -22,6 +22,7 @@ from llama_cpp import Llama
 from models_fixtures import gguf_path, module_tmp, smollm2_gguf, start_daemon  # noqa: F401
 
 from edgepilot.errors import CommandError
+from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
 from edgepilot.formats.gguf_info import COMPUTE_OVERHEAD_BYTES, read_gguf_info
 from edgepilot.serving.num_ctx import num_ctx_limit
 
@@ -36,6 +37,7 @@ def daemon(module_tmp: Path, gguf_path: Path) -> Iterator[DaemonProcess]:  # noq
     models.mkdir()
     shutil.copy(smollm2_gguf(), models / "smol.gguf")
     shutil.copy(gguf_path, models / "tiny.gguf")
+    write_gguf(models / "emb.gguf", GgufSpec(pooling_type=1))  # an embedding model
     d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 1024\n"
                                  '[[models]]\nname = "smol"\nfile = "smol.gguf"\n'
                                  '[[models]]\nname = "tiny"\nfile = "tiny.gguf"\n'
@@ -51,7 +53,7 @@ def client(daemon: DaemonProcess) -> ollama.Client:
 
 def test_list_show_version(client: ollama.Client) -> None:
     models = {m.model: m for m in client.list().models}
-    assert set(models) == {"smol", "tiny"}
+    assert set(models) == {"smol", "tiny", "emb"}
     smol = models["smol"]
     assert smol.details is not None and smol.details.family == "llama"
     assert smol.details.format == "gguf" and smol.size == smollm2_gguf().stat().st_size
@@ -339,3 +341,12 @@ def test_a_whole_answer_whose_client_left_stops_generating(daemon: DaemonProcess
         time.sleep(0.2)
     out = client.generate(model="smol", prompt="hi", options={"num_predict": 2})
     assert out.done and out.eval_count == 2  # the device was given back
+
+
+def test_an_embedding_model_is_shown_as_one(client: ollama.Client) -> None:
+    # front ends offer a model for embeddings, not chat, by its capabilities
+    shown = client.show("emb")
+    assert shown.capabilities == ["embedding"]
+    assert "completion" in (client.show("tiny").capabilities or [])
+    vec = client.embed(model="emb", input="the edge board").embeddings[0]
+    assert len(vec) == 64 and abs(float(np.linalg.norm(vec)) - 1.0) < 1e-4

@@ -50,6 +50,8 @@ class GgufSpec:
     # instead of the generated one: a random model of a real model's vocabulary (``tokenizer``
     # is then ignored)
     tokenizer_from: Path | None = None
+    # llama.cpp's pooling (1 mean, 2 cls, 3 last): an embedding model's header says so
+    pooling_type: int = 0
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -183,6 +185,8 @@ def write_gguf(path: Path, spec: GgufSpec | None = None) -> Path:
     w.add_rope_dimension_count(spec.n_embd // spec.n_heads)
     w.add_rope_freq_base(10000.0)
     w.add_file_type(ftype)
+    if spec.pooling_type:
+        w.add_pooling_type(gguf.PoolingType(spec.pooling_type))
     if spec.tokenizer_from is not None:
         n_vocab = _copy_tokenizer(w, spec.tokenizer_from)
     else:

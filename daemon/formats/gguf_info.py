@@ -45,6 +45,7 @@ class GgufInfo:
     weight_type: str
     chat_template: str | None
     block_bytes: int = 0  # bytes of the ``blk.N.*`` tensors (what offloading a block moves)
+    pooling: int = 0  # llama.cpp's pooling type: > 0 for an embedding model (1 mean, 2 cls, ...)
 
     def kv_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:
         """KV cache size for ``n_ctx`` tokens (padded as llama.cpp pads it)."""
@@ -115,4 +116,5 @@ def _parse_info(path: Path) -> GgufInfo:
         n_ctx_train=int(fields.get(f"{arch}.context_length", 0) or 0),
         weights_bytes=sum(t.n_bytes for t in header.tensors),
         weight_type=weight_type, chat_template=fields.get("tokenizer.chat_template"),
-        block_bytes=sum(t.n_bytes for t in header.tensors if t.name.startswith("blk.")))
+        block_bytes=sum(t.n_bytes for t in header.tensors if t.name.startswith("blk.")),
+        pooling=int(fields.get(f"{arch}.pooling_type", 0) or 0))

@@ -68,7 +68,9 @@ def show_info(gen: Generator, model: files.ResolvedModel) -> dict[str, Any]:
         f"{info.arch}.attention.head_count_kv": info.n_kv_heads,
         f"{info.arch}.context_length": info.n_ctx_train,
     }
-    capabilities = ["completion", "tools"]
+    # an embedding model (its header names a pooling) is listed as one, as Ollama lists it:
+    # front ends offer only such models for embeddings, and not for chat
+    capabilities = ["embedding"] if info.pooling else ["completion", "tools"]
     return {
         "modelfile": f"# served by edgepilot from {model.path.name}\nFROM {model.path}\n",
         "parameters": f"num_ctx {n_ctx}",
