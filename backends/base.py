@@ -140,8 +140,9 @@ class GenerativeExecutable(Executable):
     def tokenize(self, text: str) -> list[int]:
         """The model's tokens of ``text``."""
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One vector per text; EmbeddingsUnsupported when the model cannot embed."""
+    def embed(self, texts: Sequence[str], truncate: bool = True) -> list[list[float]]:
+        """One vector per text; EmbeddingsUnsupported when the model cannot embed.
+        ``truncate`` False: a text longer than the model takes is a ContextOverflow."""
         raise EmbeddingsUnsupported(f"model on {self.target} cannot compute embeddings",
                                     field="model")
 

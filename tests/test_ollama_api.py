@@ -350,3 +350,9 @@ def test_an_embedding_model_is_shown_as_one(client: ollama.Client) -> None:
     assert "completion" in (client.show("tiny").capabilities or [])
     vec = client.embed(model="emb", input="the edge board").embeddings[0]
     assert len(vec) == 64 and abs(float(np.linalg.norm(vec)) - 1.0) < 1e-4
+    # an input over the context: cut to it by default, refused with truncate false (Ollama's)
+    long = "the edge board " * 800
+    assert len(client.embed(model="emb", input=long).embeddings[0]) == 64
+    with pytest.raises(ollama.ResponseError) as err:
+        client.embed(model="emb", input=long, truncate=False)
+    assert err.value.status_code == 400 and "input" in err.value.error

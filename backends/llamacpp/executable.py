@@ -241,15 +241,17 @@ class LlamaExecutable(GenerativeExecutable):
 
     can_embed = True
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str], truncate: bool = True) -> list[list[float]]:
         """One L2-normalised vector per text: the model's pooled output when its GGUF names a
         pooling (an embedding model), else the mean of its last hidden states over the
         text's tokens. The context computes embeddings for this call only (llama.cpp's
-        ``llama_set_embeddings``), so a generative model embeds without a second load."""
+        ``llama_set_embeddings``), so a generative model embeds without a second load. A text
+        over the context is cut to it, or (``truncate`` False) a ContextOverflow naming
+        ``input``."""
         with self.lock:
-            return LLAMA_THREAD.call(self._embed, list(texts))
+            return LLAMA_THREAD.call(self._embed, list(texts), truncate)
 
-    def _embed(self, texts: list[str]) -> list[list[float]]:
+    def _embed(self, texts: list[str], truncate: bool) -> list[list[float]]:
         llama_cpp = import_llama_cpp()
         llm = self.llm
         was = bool(llm.context_params.embeddings)
@@ -261,7 +263,8 @@ class LlamaExecutable(GenerativeExecutable):
                 if not text:
                     raise CommandError("an input to embed is empty", field="input")
                 with refused_as_bad_request("input"):
-                    vec = np.asarray(llm.embed(text, normalize=False), dtype=np.float64)
+                    vec = np.asarray(llm.embed(text, normalize=False, truncate=truncate),
+                                     dtype=np.float64)
                 if vec.ndim == 2:  # one vector per token (no pooling): their mean
                     vec = vec.mean(axis=0)
                 norm = float(np.linalg.norm(vec))

@@ -316,9 +316,9 @@ class LlamaWorkerExecutable(GenerativeExecutable):
 
     can_embed = True
 
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    def embed(self, texts: Sequence[str], truncate: bool = True) -> list[list[float]]:
         """The worker's :meth:`LlamaExecutable.embed`."""
-        return list(self.worker().call_method("embed", texts=list(texts)))
+        return list(self.worker().call_method("embed", texts=list(texts), truncate=truncate))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` in the worker; the last position's logits."""

@@ -192,7 +192,7 @@ class Worker(WorkerLoop):
             elif method == "tokenize":
                 value = exe.tokenize(kwargs["text"])
             elif method == "embed":
-                value = exe.embed(kwargs["texts"])
+                value = exe.embed(kwargs["texts"], kwargs.get("truncate", True))
             elif method == "run":
                 value = exe.run(kwargs["inputs"])
             elif method == "set_threads":

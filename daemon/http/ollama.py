@@ -231,11 +231,11 @@ async def generate(request: Request) -> Any:
                          field="prompt")
 
 
-async def _embed(request: Request, name: str, texts: list[str], keep: float | None
-                 ) -> tuple[list[list[float]], int, int]:
+async def _embed(request: Request, name: str, texts: list[str], keep: float | None,
+                 truncate: bool = True) -> tuple[list[list[float]], int, int]:
     gen = _generator(request)
     load_ns = await load_timed(gen, name)
-    vectors, count = await gen.embed(name, texts)
+    vectors, count = await gen.embed(name, texts, truncate)
     apply_keep_alive(gen, name, keep)
     return vectors, load_ns, count
 
@@ -254,7 +254,7 @@ async def embed(request: Request) -> Any:
         return {"model": name, "embeddings": [], "load_duration": load_ns,
                 "total_duration": time.perf_counter_ns() - started}
     vectors, load_ns, count = await _embed(request, name, texts,
-                                           keep_alive_seconds(body.keep_alive))
+                                           keep_alive_seconds(body.keep_alive), body.truncate)
     if body.dimensions is not None:
         vectors = [v[:body.dimensions] for v in vectors]
     return {"model": name, "embeddings": vectors, "total_duration":

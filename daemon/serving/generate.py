@@ -132,11 +132,12 @@ class Generator:
         items = await self._stream(lm, call, params, work, release)
         return chunks_as_chat(items) if as_chat else items
 
-    async def embed(self, name: str, texts: list[str]) -> tuple[list[list[float]], int]:
+    async def embed(self, name: str, texts: list[str], truncate: bool = True
+                    ) -> tuple[list[list[float]], int]:
         """One normalised vector per text from GGUF model ``name`` (its device held while it
         computes), or from a tensor text encoder (:mod:`.text_encoder`), and the texts' token
         count; EmbeddingsUnsupported from a GGUF that cannot (one generating several sequences
-        at once)."""
+        at once). ``truncate`` False: a GGUF's text over its context is a 400, not cut."""
         model = self.registry.catalog.resolve(name)
         if model.kind != "gguf":
             if self.text is None:
@@ -156,7 +157,8 @@ class Generator:
             ok = False
             try:
                 async with self.devices.for_target(str(exe.target)).slot():
-                    vectors = await loop.run_in_executor(self.executor, exe.embed, texts)
+                    vectors = await loop.run_in_executor(self.executor, exe.embed, texts,
+                                                         truncate)
                     tokens = sum([len(await loop.run_in_executor(self.executor, exe.tokenize, t))
                                   for t in texts])
                 ok = True
