@@ -18,19 +18,25 @@ import numpy as np
 from edgepilot.formats.tflite_graph import load, pack, schema
 
 
+def _new_model(description: bytes) -> tuple[Any, Any, Any]:
+    """The schema module, an empty model (its one empty buffer) and its empty main subgraph."""
+    s = schema()
+    model = s.ModelT()
+    model.version = 3
+    model.description = description
+    model.buffers = [s.BufferT()]
+    sg = s.SubGraphT()
+    sg.name = b"main"
+    sg.tensors, sg.operators = [], []
+    return s, model, sg
+
+
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
                      seed: int = 0, head: Literal["logistic", "log_softmax"] = "logistic"
                      ) -> Path:
     """Write ``x[batch,width] -> (FC+RELU)×depth -> ADD(residual) -> head -> y``."""
-    s = schema()
+    s, model, sg = _new_model(b"edgepilot random MLP")
     rng = np.random.default_rng(seed)
-    model = s.ModelT()
-    model.version = 3
-    model.description = b"edgepilot random MLP"
-    model.buffers = [s.BufferT()]
-    sg = s.SubGraphT()
-    sg.tensors, sg.operators = [], []
-    sg.name = b"main"
     codes: dict[int, int] = {}
 
     def opcode(builtin: int) -> int:
@@ -238,15 +244,8 @@ def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, 
     """Write ``x[1,width] -> FC+RELU -> SVDF -> FC -> y``: the SVDF keeps its activation
     history in a variable tensor (``isVariable``) between invokes, as a streaming keyword
     spotter or a stateful LSTM export does, so the same input gives another output each call."""
-    s = schema()
+    s, model, sg = _new_model(b"edgepilot stateful SVDF")
     rng = np.random.default_rng(seed)
-    model = s.ModelT()
-    model.version = 3
-    model.description = b"edgepilot stateful SVDF"
-    model.buffers = [s.BufferT()]
-    sg = s.SubGraphT()
-    sg.name = b"main"
-    sg.tensors, sg.operators = [], []
     units = filters // rank
 
     def tensor(name: str, shape: list[int], data: np.ndarray | None = None,
