@@ -504,3 +504,14 @@ def test_llamacpp_samplers_reach_the_sampler_and_image_parts_are_named(
     ok = client.chat.completions.create(model="tiny", messages=cached,  # type: ignore[arg-type]
                                         max_tokens=2)
     assert ok.choices[0].message.role == "assistant"
+
+
+def test_legacy_completion_defaults_are_taken_and_their_other_values_named(
+        client: openai.OpenAI) -> None:
+    got = client.completions.create(model="tiny", prompt="the", max_tokens=3, temperature=0,
+                                    echo=False, best_of=1, stop="")
+    assert got.usage is not None and got.usage.completion_tokens == 3  # "" stops nothing
+    for field, value in (("echo", True), ("best_of", 2), ("suffix", "end")):
+        with pytest.raises(openai.BadRequestError, match=field):
+            client.completions.create(model="tiny", prompt="the", max_tokens=2,
+                                      **{field: value})  # type: ignore[arg-type]

@@ -184,6 +184,7 @@ class Sampling(_Strict):
 
     def llama_params(self) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        stop = [s for s in stop if s]  # "" would stop at the first token
         if len(stop) > 4:
             raise CommandError("at most 4 stop strings are allowed", field="stop")
         params: dict[str, Any] = {
@@ -251,6 +252,10 @@ class CompletionRequest(Sampling):
     prompt: Texts
     logprobs: int | None = Field(None, ge=0, le=5, description="Each answer token's logprob "
                                  "and this many alternatives.")
+    # OpenAI's legacy completion fields, as clients send their defaults
+    echo: Literal[False] = Field(False, description="The prompt is not echoed.")
+    best_of: Literal[1] | None = Field(None, description="One candidate is generated.")
+    suffix: Literal[""] | None = Field(None, description="No fill-in-the-middle.")
 
 
 class EmbeddingRequest(_Strict):
