@@ -31,6 +31,23 @@ def _new_model(description: bytes) -> tuple[Any, Any, Any]:
     return s, model, sg
 
 
+def _float_tensor(model: Any, sg: Any, name: str, shape: list[int],
+                  data: np.ndarray | None = None, variable: bool = False) -> int:
+    """Append a float32 tensor to ``sg`` (``data``: a constant, in a buffer of its own;
+    ``variable``: state kept between invokes); its index."""
+    s = schema()
+    t = s.TensorT()
+    t.name, t.shape, t.type = name.encode(), np.array(shape, np.int32), s.TensorType.FLOAT32
+    t.isVariable, t.buffer = variable, 0
+    if data is not None:
+        buf = s.BufferT()
+        buf.data = np.frombuffer(data.astype(np.float32).tobytes(), dtype=np.uint8)
+        model.buffers.append(buf)
+        t.buffer = len(model.buffers) - 1
+    sg.tensors.append(t)
+    return len(sg.tensors) - 1
+
+
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
                      seed: int = 0, head: Literal["logistic", "log_softmax"] = "logistic"
                      ) -> Path:
@@ -45,19 +62,7 @@ def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int 
         return codes[builtin]
 
     def tensor(name: str, shape: list[int], data: np.ndarray | None = None) -> int:
-        t = s.TensorT()
-        t.name = name.encode()
-        t.shape = np.array(shape, dtype=np.int32)
-        t.type = s.TensorType.FLOAT32
-        if data is None:
-            t.buffer = 0
-        else:
-            buf = s.BufferT()
-            buf.data = np.frombuffer(data.astype(np.float32).tobytes(), dtype=np.uint8)
-            model.buffers.append(buf)
-            t.buffer = len(model.buffers) - 1
-        sg.tensors.append(t)
-        return len(sg.tensors) - 1
+        return _float_tensor(model, sg, name, shape, data)
 
     def op(builtin: int, ins: list[int], outs: list[int], options: Any = None,
            options_type: int = 0) -> None:
@@ -250,16 +255,7 @@ def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, 
 
     def tensor(name: str, shape: list[int], data: np.ndarray | None = None,
                variable: bool = False) -> int:
-        t = s.TensorT()
-        t.name, t.shape, t.type = name.encode(), np.array(shape, np.int32), s.TensorType.FLOAT32
-        t.isVariable, t.buffer = variable, 0
-        if data is not None:
-            buf = s.BufferT()
-            buf.data = np.frombuffer(data.astype(np.float32).tobytes(), dtype=np.uint8)
-            model.buffers.append(buf)
-            t.buffer = len(model.buffers) - 1
-        sg.tensors.append(t)
-        return len(sg.tensors) - 1
+        return _float_tensor(model, sg, name, shape, data, variable)
 
     def weights(*shape: int) -> np.ndarray:
         return rng.standard_normal(shape).astype(np.float32) / np.sqrt(shape[-1])
