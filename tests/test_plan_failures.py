@@ -296,3 +296,37 @@ def test_an_integer_input_holding_a_shape_says_where_real_samples_go(tmp_path: P
         capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["inputs_used"]["source"] == "calibration_dir"
+
+
+def test_a_file_no_runtime_loads_gets_no_hint_about_its_inputs(tmp_path: Path) -> None:
+    """Real samples cannot fix an operator no runtime has: the line names the failure alone,
+    even for integer inputs (the calibration_dir hint is for a model that ran and failed)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Frobnicate", ["ids"], ["out"], domain="com.example")], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.INT64, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    path = tmp_path / "custom.onnx"
+    onnx.save(model, str(path))
+    res = cli(tmp_path, "plan", str(path))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "custom.onnx" in lines[0] and "Frobnicate" in lines[0], lines
+    assert "calibration_dir" not in lines[0]
+
+
+def test_an_attention_masks_infinities_agree_and_a_stray_one_does_not() -> None:
+    import warnings
+
+    from edgepilot.dispatch.measuring.tolerance import tensor_error
+
+    mask = np.array([0.0, -np.inf, 1.5, -np.inf])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inf - inf warned and made the error NaN
+        assert tensor_error(mask, mask.copy()) == 0.0
+        assert 0 < tensor_error(mask + np.array([0, 0, 0.1, 0]), mask) < 0.1
+        assert tensor_error(np.array([0.0, np.inf, 1.5, -np.inf]), mask) == float("inf")
+        assert tensor_error(np.array([0.0, np.nan, 1.5, -np.inf]), mask) == float("inf")
