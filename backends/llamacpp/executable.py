@@ -14,17 +14,15 @@ import numpy as np
 
 from edgepilot.backends.base import GenerativeExecutable, Target, TensorSpec
 from edgepilot.backends.llamacpp.adapters import LoraSet
-from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
 from edgepilot.backends.llamacpp.logprobs import (
     LogprobRecorder,
     attach,
     streamed,
-    with_logprobs,
 )
+from edgepilot.backends.llamacpp.processors import with_processors
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     ThreadGovernor,
-    cancellable,
     import_llama_cpp,
     refused_as_bad_request,
     usage_of,
@@ -199,9 +197,7 @@ class LlamaExecutable(GenerativeExecutable):
         :class:`TokenStream` of chunks whose ``usage`` is llama.cpp's count. Setting ``cancel``
         ends the generation at the next token (finish_reason "stop")."""
         adapter = self.adapter_of(params)
-        params, logprobs = with_logprobs(dict(params), self.llm)
-        params = with_logit_bias(params, int(self.llm.n_vocab()))
-        params = cancellable(params, cancel, int(self.llm.token_eos()), self._token_bytes)
+        params, logprobs = with_processors(params, self.llm, cancel)
         if params.get("stream"):
             return TokenStream(self, functools.partial(
                 self.llm.create_chat_completion, messages=messages, **params), field="messages",
@@ -218,9 +214,7 @@ class LlamaExecutable(GenerativeExecutable):
         """llama-cpp-python's ``create_completion`` (a dict, or a :class:`TokenStream`);
         ``cancel`` as for :meth:`chat`."""
         adapter = self.adapter_of(params)
-        params, logprobs = with_logprobs(dict(params), self.llm)
-        params = with_logit_bias(params, int(self.llm.n_vocab()))
-        params = cancellable(params, cancel, int(self.llm.token_eos()), self._token_bytes)
+        params, logprobs = with_processors(params, self.llm, cancel)
         if params.get("stream"):
             return TokenStream(self, functools.partial(
                 self.llm.create_completion, prompt=prompt, **params), empty_prompt=not prompt,
@@ -230,9 +224,6 @@ class LlamaExecutable(GenerativeExecutable):
             out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
             self.end_request()
             return attach(self._with_cached(out), logprobs, chat=False)
-
-    def _token_bytes(self, tokens: list[int]) -> bytes:
-        return bytes(self.llm.detokenize(tokens))
 
     def _with_cached(self, out: Any) -> Any:
         if isinstance(out.get("usage"), dict):

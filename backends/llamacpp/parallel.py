@@ -25,16 +25,14 @@ import numpy as np
 from edgepilot.backends.base import Target
 from edgepilot.backends.llamacpp.batch import BatchEngine, BatchSequence, StepGuard
 from edgepilot.backends.llamacpp.executable import LlamaExecutable
-from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
 from edgepilot.backends.llamacpp.logprobs import (
     LogprobRecorder,
     attach,
     streamed,
-    with_logprobs,
 )
+from edgepilot.backends.llamacpp.processors import with_processors
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
-    cancellable,
     import_llama_cpp,
     usage_of,
     with_cached,
@@ -267,9 +265,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         generation at the next step (finish_reason "stop")."""
         self.adapter_of(params)
         view = self._view(cancel)
-        params, logprobs = with_logprobs(dict(params), view)
-        params = with_logit_bias(params, int(self.llm.n_vocab()))
-        params = cancellable(params, None, int(self.llm.token_eos()), self._token_bytes)
+        params, logprobs = with_processors(params, self.llm, None, recorded=view)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_chat_completion(
                 messages=messages, **params), field="messages", logprobs=logprobs)
@@ -286,9 +282,7 @@ class LlamaBatchExecutable(LlamaExecutable):
         :class:`BatchTokenStream`); ``cancel`` as for :meth:`chat`."""
         self.adapter_of(params)
         view = self._view(cancel)
-        params, logprobs = with_logprobs(dict(params), view)
-        params = with_logit_bias(params, int(self.llm.n_vocab()))
-        params = cancellable(params, None, int(self.llm.token_eos()), self._token_bytes)
+        params, logprobs = with_processors(params, self.llm, None, recorded=view)
         if params.get("stream"):
             return BatchTokenStream(self, view, lambda: view.create_completion(
                 prompt=prompt, **params), empty_prompt=not prompt, logprobs=logprobs)
@@ -298,9 +292,6 @@ class LlamaBatchExecutable(LlamaExecutable):
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], view)
         return attach(out, logprobs, chat=False)
-
-    def _token_bytes(self, tokens: list[int]) -> bytes:
-        return bytes(self.llm.detokenize(tokens))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate ``tokens`` in a free sequence; return the last position's logits."""

@@ -29,19 +29,26 @@ def tensor_error(out: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> fl
     b = np.asarray(ref, dtype=np.float64).ravel()
     if a.shape != b.shape:
         return float("inf")
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = _error(a, b, metric)
+    if np.isfinite(err):
+        return err
+    # a non-finite value somewhere (checked only then: this runs thousands of times a plan).
+    # An attention mask's -inf: equal non-finite values agree and weigh nothing (inf - inf is
+    # NaN); a non-finite value where the other side differs is an infinite error
     finite = np.isfinite(a) & np.isfinite(b)
-    if not finite.all():
-        # an attention mask's -inf: equal non-finite values agree and weigh nothing (inf - inf
-        # is NaN); a non-finite value where the other side differs is an infinite error
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        if not (same | finite).all():
-            return float("inf")
-        a, b = np.where(finite, a, 0.0), np.where(finite, b, 0.0)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    if not (same | finite).all():
+        return float("inf")
+    return _error(np.where(finite, a, 0.0), np.where(finite, b, 0.0), metric)
+
+
+def _error(a: np.ndarray, b: np.ndarray, metric: str) -> float:
     if metric == "rel_l2":
         return float(_norm(a - b) / max(_norm(b), _EPS))
     if metric == "cosine":
         denom = max(_norm(a) * _norm(b), _EPS)
-        return float(max(0.0, 1.0 - float(np.sum(a * b)) / denom))
+        return float(np.maximum(0.0, 1.0 - float(np.sum(a * b)) / denom))  # NaN stays NaN
     raise ConfigError(f"unknown error metric {metric!r}; allowed: {', '.join(METRICS)}",
                       field="dispatch.metric")
 

@@ -1,0 +1,30 @@
+"""The daemon's logits processors on one generation, set up in the order they must run.
+
+llama-cpp-python calls them in list order on each token's logits: ``logit_bias`` first (the
+recorded logprobs are those of the biased logits), the logprob recorder, then the check that
+ends a generation once cancelled or once its bytes stopped being UTF-8
+(:func:`~edgepilot.backends.llamacpp.runtime.cancellable`). The one-at-a-time and the parallel
+executables both set them up here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
+from edgepilot.backends.llamacpp.logprobs import LogprobRecorder, with_logprobs
+from edgepilot.backends.llamacpp.runtime import cancellable
+
+
+def with_processors(params: dict[str, Any], llm: Any, cancel: threading.Event | None,
+                    recorded: Any = None) -> tuple[dict[str, Any], LogprobRecorder | None]:
+    """A copy of ``params`` with the daemon's processors, and the logprob recorder (None
+    without ``logprobs_top``). ``recorded``: what the recorder reads the sampled tokens from
+    (a parallel sequence's view), ``llm`` itself by default; ``cancel`` None: the caller
+    cancels another way (the parallel engine ends a cancelled sequence itself)."""
+    params, recorder = with_logprobs(dict(params), llm if recorded is None else recorded)
+    params = with_logit_bias(params, int(llm.n_vocab()))
+    params = cancellable(params, cancel, int(llm.token_eos()),
+                         lambda tokens: bytes(llm.detokenize(tokens)))
+    return params, recorder
