@@ -95,16 +95,23 @@ def test_a_body_that_is_not_utf8_is_400_in_the_error_shape(daemon: DaemonProcess
                                   "/v1/chat/completions"])
 def test_json_nested_deeper_than_the_parser_recurses_is_400(daemon: DaemonProcess,
                                                            path: str) -> None:
-    # 1,500 deep: past Python's default recursion limit (1,000), inside the body limit
+    # 1,500 deep: past Python's default recursion limit (1,000), inside the body limit;
+    # refused before any parser (FastAPI's on the OpenAI routes) goes down that far
     deep = b"[" * 1500 + b"]" * 1500
     status, headers, raw = raw_request(daemon, "POST", path, b'{"inputs": ' + deep + b"}",
                                        {"Content-Type": "application/json", **AUTH})
-    # /v1/chat/completions: FastAPI parses it (its own error, still our shape and a 400)
-    assert status == 400, (status, raw[:300])
-    err = check_error(status, headers, raw, status)
-    assert err["field"] in ("body", "inputs", "messages", "model"), err
+    err = check_error(status, headers, raw, 400, "bad_request")
+    assert err["field"] == "body" and "nested more than 256 levels" in err["message"], err
     # the daemon is still answering
     assert daemon.request("GET", "/healthz")[0] == 200
+    # Ollama's routes too, in Ollama's error shape; as deep as a tensor gets is parsed
+    status, _, raw = raw_request(daemon, "POST", "/api/chat", deep,
+                                 {"Content-Type": "application/json"})
+    assert status == 400 and "nested more than 256 levels" in json.loads(raw)["error"], raw
+    shallow = b'{"inputs": {"x": ' + b"[" * 8 + b"0.5" + b"]" * 8 + b"}}"
+    status, _, raw = raw_request(daemon, "POST", path, shallow,
+                                 {"Content-Type": "application/json", **AUTH})
+    assert status != 500 and b"nested" not in raw, raw[:300]
 
 
 @pytest.mark.parametrize(("method", "path", "body"), [

@@ -222,9 +222,10 @@ class ModelDispatch:
         plan.measured_ms, per_segment, self.fastest = self._time(compiled, settle=keep is None)
         self.builder.record(plan.segments, per_segment)
         self.segment_ms = list(per_segment)
-        single = single_instead(self.name, self.builder, self.part, plan, compiled,
-                                self.backends, self.calibration[0], self.opts.hysteresis,
-                                self.check_error, self.progress)
+        # a published plan was checked side by side where it was made (``given``)
+        single = None if keep else single_instead(
+            self.name, self.builder, self.part, plan, compiled, self.backends,
+            self.calibration[0], self.opts.hysteresis, self.check_error, self.progress)
         if single:  # timed side by side above; alone for the fastest run it publishes
             self.segment_ms = [single[0].measured_ms or 0.0]
             self.fastest = self._time(single[1], settle=True)[2]
@@ -243,9 +244,7 @@ class ModelDispatch:
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan
-        # a streaming model's first request meets the state a fresh runtime has, not what
-        # the plan's check and timing runs left
-        compiled.reset_state()
+        compiled.reset_state()  # a streaming model's first request: no planning runs' state
         # old executables are dropped, not closed: a request may still be running on them
         self.plan, self.compiled = plan, compiled
         self.monitor.reset([s.predicted_ms for s in compiled.segments])

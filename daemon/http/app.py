@@ -28,6 +28,7 @@ from edgepilot.http import (
 from edgepilot.http.api import HttpApi
 from edgepilot.http.bodies import field_of
 from edgepilot.http.ollama_run import ollama_error
+from edgepilot.json_depth import MAX_DEPTH, too_deep
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
         # not UTF-8)
         message = "request body could not be read as JSON (is it UTF-8 encoded JSON?)"
         field = "body"
-    elif status == 413:
+    elif status == 413 or isinstance(exc, _TooDeep):
         message, field = str(exc.detail), "body"
     else:
         message = str(exc.detail)
@@ -132,6 +133,8 @@ class BodyLimit:
             await self._refuse(scope, receive, send, limit, why)
             return
         seen = 0
+        # FastAPI parses these bodies itself, on the event loop: nesting is refused first
+        chunks: list[bytes] | None = [] if scope.get("path") in GENERATION_ROUTES else None
 
         async def limited() -> Any:
             nonlocal seen
@@ -140,6 +143,10 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise _TooLarge(limit, why)
+                if chunks is not None:
+                    chunks.append(message.get("body", b""))
+                    if not message.get("more_body") and too_deep(b"".join(chunks)):
+                        raise _TooDeep
             return message
 
         try:
@@ -165,6 +172,13 @@ class _TooLarge(StarletteHTTPException):
 
     def __init__(self, limit: int, why: str) -> None:
         super().__init__(413, f"request body over the {limit}-byte limit {why}")
+
+
+class _TooDeep(StarletteHTTPException):
+    """A body nested past :data:`MAX_DEPTH`, refused as it is read (see ``_TooLarge``)."""
+
+    def __init__(self) -> None:
+        super().__init__(400, f"request body is nested more than {MAX_DEPTH} levels deep")
 
 
 def create_app(api: HttpApi) -> FastAPI:

@@ -10,22 +10,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from edgepilot.errors import CommandError
+from edgepilot.json_depth import MAX_DEPTH, too_deep
 
 
 def parse_json(raw: bytes, empty: Any = None) -> Any:
     """``json.loads`` whose every failure is a 400 naming the body (blocking).
 
-    Nesting deeper than Python's recursion limit raises RecursionError inside the parser,
-    which would otherwise surface as a plain-text 500.
+    Nesting past :data:`MAX_DEPTH` is refused before parsing (``json_depth``); deeper than
+    Python's recursion limit it would raise RecursionError in the parser, a plain-text 500.
     """
     if empty is not None and not raw.strip():
         return empty
+    deep = CommandError(f"body is nested more than {MAX_DEPTH} levels deep: not a request",
+                        field="body")
+    if too_deep(raw):
+        raise deep
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CommandError(f"body is not JSON: {exc}", field="body") from None
-    except RecursionError:
-        raise CommandError("body is nested too deeply to be a request", field="body") from None
+    except RecursionError:  # the limit reached by a parse already deep in the stack
+        raise deep from None
 
 
 # the parts pydantic adds to an error's location to say which branch of a union failed

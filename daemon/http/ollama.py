@@ -51,6 +51,7 @@ from edgepilot.http.ollama_run import (
     parts,
     start,
 )
+from edgepilot.json_depth import MAX_DEPTH, too_deep
 from edgepilot.serving.generate import Generator
 from edgepilot.serving.tools import chat_template_of, tool_request
 
@@ -72,8 +73,12 @@ BODY = {"requestBody": {"required": True, "content": {"application/json": {
 
 
 async def _json(request: Request) -> Any:
+    raw = await request.body() or b"{}"
+    if too_deep(raw):
+        raise CommandError(f"request body is nested more than {MAX_DEPTH} levels deep",
+                           field="body")
     try:
-        return json.loads(await request.body() or b"{}")
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CommandError(f"request body is not valid JSON ({exc})", field="body") from None
 

@@ -30,6 +30,7 @@ from paho.mqtt.properties import Properties
 
 from edgepilot.command_registry import CommandRegistry, reply_for
 from edgepilot.errors import BusyError, CommandError, EdgepilotError, NotFoundError
+from edgepilot.json_depth import MAX_DEPTH, too_deep
 from edgepilot.mqtt.outbox import OutMessage
 from edgepilot.mqtt.topics import Topics
 from edgepilot.serving.core import Serving
@@ -121,16 +122,18 @@ class CommandTransport:
 
     def _parse(self, payload: bytes) -> tuple[Any, str | None, Any]:
         self._check_size(payload)
+        deep = CommandError(f"payload is nested more than {MAX_DEPTH} levels deep; send a JSON "
+                            "object of the command's params", field="payload")
+        if too_deep(payload):  # an answer, not a dropped message
+            raise deep
         try:
             text = payload.decode("utf-8")
             data = json.loads(text) if text.strip() else {}
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CommandError(f"payload is not JSON: {exc}; send a JSON object of the "
                                "command's params", field="payload") from None
-        except RecursionError:
-            # nesting past Python's recursion limit: an answer, not a dropped message
-            raise CommandError("payload is nested too deeply; send a JSON object of the "
-                               "command's params", field="payload") from None
+        except RecursionError:  # the limit reached by a parse already deep in the stack
+            raise deep from None
         req_id: str | None = None
         reply_to: Any = None
         if isinstance(data, dict):
