@@ -19,15 +19,31 @@ from edgepilot.backends.llamacpp.proxy import LlamaWorkerExecutable
 from edgepilot.errors import GrammarAborted
 
 
-def test_a_cancelled_constrained_generation_ends_under_its_grammar() -> None:
+def test_a_cancelled_constrained_generation_ends_without_touching_its_grammar() -> None:
     exe = LlamaCppBackend(LlamacppSection(n_ctx=256)).open(smollm2_gguf())
     try:
         cancel = threading.Event()
-        cancel.set()  # before the first token: an unconstrained one would end at once
-        out = exe.chat([{"role": "user", "content": "Describe Paris in JSON."}],
-                       grammar=schema_grammar(None, "format"), max_tokens=8, cancel=cancel)
-        text = out["choices"][0]["message"]["content"]
-        assert text.startswith("{") and out["choices"][0]["finish_reason"] == "length"
+        ask = [{"role": "user", "content": "Describe Paris in JSON."}]
+        going = exe.chat(ask, grammar=schema_grammar(None, "format"), max_tokens=8,
+                         cancel=cancel, temperature=0)
+        assert going["choices"][0]["message"]["content"].startswith("{")
+        assert going["usage"]["completion_tokens"] == 8
+        cancel.set()  # before the first token: ended by a stopping criterion, not an EOS
+        # the grammar forbids there (that aborts llama.cpp), and not run to max_tokens either
+        out = exe.chat(ask, grammar=schema_grammar(None, "format"), max_tokens=200,
+                       cancel=cancel, temperature=0)
+        assert out["usage"]["completion_tokens"] == 0, out["usage"]
+        assert out["choices"][0]["finish_reason"] == "length"
+        # the stream too, in a worker process (it would abort there)
+        worker = LlamaCppBackend(LlamacppSection(n_ctx=256)).open_served(smollm2_gguf(),
+                                                                         model="smol")
+        try:
+            chunks = list(worker.chat(ask, grammar=schema_grammar(None, "format"),
+                                      max_tokens=200, cancel=cancel, stream=True))
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            assert text == "" and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        finally:
+            worker.close()
         plain = exe.chat([{"role": "user", "content": "Describe Paris."}], max_tokens=8,
                          cancel=cancel)
         assert plain["usage"]["completion_tokens"] == 0  # cancelled: ends at once

@@ -152,6 +152,7 @@ def counting_llama(llama_cpp: Any) -> Any:
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
                 tokens = list(tokens)
+                kwargs = with_stop_requests(llama_cpp, kwargs)
                 cache = self.prefix_cache
                 if cache is not None:
                     cache.before(self, tokens)
@@ -301,15 +302,15 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int
         return params
     # Under a grammar (structured output, tool calls) end-of-sequence is only allowed where the
     # grammar ends: forced anywhere else, llama.cpp's grammar is left with no state and aborts
-    # the process. Such a generation goes on under its grammar to its end or max_tokens; a
-    # stream still stops at its next token (its consumer stops reading).
+    # the process. Such a generation is ended by a stopping criterion instead, which runs
+    # after sampling and touches no logits (:func:`with_stop_requests`); its finish_reason is
+    # llama-cpp-python's "length", the text cut where it stood.
     constrained = params.get("grammar") is not None
     prompt: list[int] = []  # the context's length at the first call: the prompt
     broken: list[int] = []  # where the bytes stopped being UTF-8
+    stop: list[bool] = []
 
     def check(input_ids: Any, scores: Any) -> Any:
-        if constrained:
-            return scores
         n = len(input_ids)
         if not prompt:
             prompt.append(n)
@@ -318,9 +319,14 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int
         if detokenize is not None and not broken and not_utf8(detokenize, input_ids, prompt[0]):
             broken.append(n)
         if (cancel is not None and cancel.is_set()) or (broken and n - broken[0] >= HOLD_LIMIT):
-            scores[:] = -np.inf
-            scores[eos] = 0.0
+            if constrained:
+                stop.append(True)
+            else:
+                scores[:] = -np.inf
+                scores[eos] = 0.0
         return scores
+
+    check.stop_requested = lambda: bool(stop)  # type: ignore[attr-defined]
 
     # reads only the last few tokens: a rejected draft among them is forgotten once the
     # context is back before it
@@ -329,6 +335,20 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int
     llama_cpp = import_llama_cpp()
     processors = llama_cpp.LogitsProcessorList([*(params.get("logits_processor") or []), check])
     return {**params, "logits_processor": processors}
+
+
+def with_stop_requests(llama_cpp: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``generate``'s keyword arguments with a stopping criterion for each logits processor
+    that asks for one (``stop_requested``, see :func:`cancellable`): llama-cpp-python's chat
+    handlers pass ``stopping_criteria`` of their own making to ``generate``, never the
+    caller's, so it is added where every generation passes."""
+    asks = [p.stop_requested for p in kwargs.get("logits_processor") or []
+            if hasattr(p, "stop_requested")]
+    if not asks:
+        return kwargs
+    criteria = llama_cpp.StoppingCriteriaList(
+        [*(kwargs.get("stopping_criteria") or []), lambda _ids, _logits: any(a() for a in asks)])
+    return {**kwargs, "stopping_criteria": criteria}
 
 
 UTF8_WINDOW = 8  # tokens: a character is at most 4 bytes, each a token at worst
