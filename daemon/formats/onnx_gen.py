@@ -102,6 +102,38 @@ def mlp_stack(path: Path | None = None, widths: Sequence[int] = (256, 1024, 1024
     return _save(_rename_output(model, y, "y"), path)
 
 
+def label_classifier(path: Path | None = None, letters: int = 8, hidden: int = 32,
+                     seed: int = 0) -> onnx.ModelProto:
+    """Text in, text out, as a scikit-learn pipeline exports it: ``letters`` (strings,
+    ``[1, letters]``) through an ``ai.onnx.ml`` LabelEncoder to ids, two dense layers, and the
+    arg-max class named by a second LabelEncoder: ``label`` (strings, ``[1]``) and the class
+    ``scores`` (float32, ``[1, 4]``)."""
+    b = _Builder(seed)
+    alphabet = [chr(ord("a") + i) for i in range(26)]
+    ids = b.node("LabelEncoder", ["letters"], "encode", domain="ai.onnx.ml",
+                 keys_strings=alphabet, values_int64s=list(range(26)), default_int64=26)
+    x = b.node("Cast", [ids], "cast", to=TensorProto.FLOAT)
+    x = b.node("Relu", [b.linear(x, letters, hidden, "fc0")], "relu0")
+    scores = b.linear(x, hidden, 4, "fc1")
+    best = b.node("ArgMax", [scores], "argmax", axis=1, keepdims=0)
+    label = b.node("LabelEncoder", [best], "decode", domain="ai.onnx.ml",
+                   keys_int64s=[0, 1, 2, 3], values_strings=["north", "east", "south", "west"],
+                   default_string="none")
+    b.nodes += [helper.make_node("Identity", [label], ["label"]),
+                helper.make_node("Identity", [scores], ["scores"])]
+    graph = helper.make_graph(
+        b.nodes, "label_classifier",
+        [helper.make_tensor_value_info("letters", TensorProto.STRING, [1, letters])],
+        [helper.make_tensor_value_info("label", TensorProto.STRING, [1]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 4])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("ai.onnx.ml", 2)],
+                              producer_name="edgepilot.onnx_gen")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return _save(model, path)
+
+
 def transformer_stack(path: Path | None = None, n_blocks: int = 4, d_model: int = 256,
                       seq: int = 64, ffn_small: int = 128, ffn_large: int = 2048,
                       seed: int = 0) -> onnx.ModelProto:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from edgepilot.errors import CommandError
-from edgepilot.formats.tensors import ALLOWED_DTYPES
+from edgepilot.formats.tensors import ALLOWED_DTYPES, JSON_DTYPES, STRING, dtype_name
 
 # Bounds checked before numpy sees a shape: numpy's own limits (rank 32/64, sizes that wrap
 # in int64 arithmetic) surface as ValueError/TypeError deep inside reshape.
@@ -48,8 +48,9 @@ def _shape(value: Any, field: str) -> list[int]:
 def tensors_from_json(obj: Any, field_prefix: str = "inputs") -> dict[str, np.ndarray]:
     """Turn ``{NAME: {"data", "dtype", "shape"}}`` (already parsed) into named arrays.
 
-    ``dtype`` defaults to float32 and must be one of ``ALLOWED_DTYPES``; ``shape`` is optional
-    (the data's own nesting then gives it). Raises :class:`CommandError` naming the field.
+    ``dtype`` defaults to float32 and must be one of ``JSON_DTYPES`` (``string``: the data
+    are JSON strings); ``shape`` is optional (the data's own nesting then gives it). Raises
+    :class:`CommandError` naming the field.
     """
     if not isinstance(obj, dict):
         raise CommandError(f'{field_prefix} must be {{NAME: {{"data", "dtype", "shape"}}}}',
@@ -65,16 +66,17 @@ def tensors_from_json(obj: Any, field_prefix: str = "inputs") -> dict[str, np.nd
             raise CommandError(f"unknown field '{field}.{unknown[0]}'",
                                field=f"{field}.{unknown[0]}")
         dtype = spec.get("dtype", "float32")
-        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        if not isinstance(dtype, str) or dtype not in JSON_DTYPES:
             raise CommandError(f"input {name!r}: dtype {dtype!r} is not allowed; allowed: "
-                               f"{', '.join(ALLOWED_DTYPES)}", field=f"{field}.dtype")
+                               f"{', '.join(JSON_DTYPES)}", field=f"{field}.dtype")
         shape = spec.get("shape")
         if shape is not None:
             shape = _shape(shape, f"{field}.shape")
         try:
             # A value out of the dtype's range is the caller's error, not a silent inf.
             with np.errstate(over="raise", invalid="raise"):
-                arr = np.asarray(spec["data"], dtype=dtype)
+                arr = _strings(spec["data"]) if dtype == STRING \
+                    else np.asarray(spec["data"], dtype=dtype)
         except (ValueError, TypeError, OverflowError, RecursionError,
                 FloatingPointError) as exc:
             raise CommandError(f"input {name!r}: data is not a {dtype} array: {exc}",
@@ -94,14 +96,28 @@ def tensors_from_json(obj: Any, field_prefix: str = "inputs") -> dict[str, np.nd
     return out
 
 
+def _strings(data: Any) -> np.ndarray:
+    """A ``string`` tensor's data: (nested lists of) JSON strings, as onnxruntime takes them."""
+    arr = np.asarray(data, dtype=object)
+    bad = next((x for x in arr.ravel() if not isinstance(x, str)), None) if arr.size else None
+    if bad is not None or (arr.ndim == 0 and not isinstance(data, str)):
+        raise ValueError(f"{bad!r} is not a string (or the lists are ragged)")
+    return arr
+
+
 def tensors_to_json(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
     """Named arrays as ``{NAME: {"data": flat list, "dtype", "shape"}}``."""
     result: dict[str, Any] = {}
     for name, value in outputs.items():
         arr = np.asarray(value)
-        result[name] = {"data": arr.ravel().tolist(), "dtype": str(arr.dtype),
-                        "shape": list(arr.shape)}
+        dtype = dtype_name(arr.dtype)
+        data = [_text(x) for x in arr.ravel()] if dtype == STRING else arr.ravel().tolist()
+        result[name] = {"data": data, "dtype": dtype, "shape": list(arr.shape)}
     return result
+
+
+def _text(x: Any) -> str:
+    return x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)
 
 
 def tensors_from_npz(raw: bytes, field_prefix: str = "inputs") -> dict[str, np.ndarray]:
@@ -117,7 +133,10 @@ def tensors_from_npz(raw: bytes, field_prefix: str = "inputs") -> dict[str, np.n
         raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         raise CommandError(f"payload is not an .npz archive: {exc}", field="payload") from None
-    for name, arr in out.items():
+    for name, arr in list(out.items()):
+        if arr.dtype.kind == "U":  # text, stored without pickles as fixed-width unicode
+            out[name] = arr = arr.astype(object)
+            continue
         if str(arr.dtype) not in ALLOWED_DTYPES:
             raise CommandError(f"input {name!r}: dtype {arr.dtype} is not allowed; allowed: "
                                f"{', '.join(ALLOWED_DTYPES)}",
@@ -133,5 +152,14 @@ def tensors_to_npz(outputs: dict[str, np.ndarray]) -> bytes:
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
         for name, value in outputs.items():
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+                np.lib.format.write_array(member, storable(value), allow_pickle=False)
     return buf.getvalue()
+
+
+def storable(value: np.ndarray) -> np.ndarray:
+    """``value`` as ``.npy``/``.npz`` store it without pickles: a text tensor (Python str
+    objects, bytes) as fixed-width unicode, anything else as it is."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "OS":
+        return arr
+    return np.vectorize(_text, otypes=[str])(arr) if arr.size else arr.astype(str)

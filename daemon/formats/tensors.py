@@ -12,6 +12,16 @@ from edgepilot.formats.spec import TensorSpec
 # dtypes accepted in requests (JSON and .npy); anything else is refused by name
 ALLOWED_DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64",
                   "bool")
+# a tensor of text (an ONNX string tensor: a label encoder's, an in-graph tokenizer's); numpy
+# holds it as an array of Python str (dtype ``object``), which is what onnxruntime takes
+STRING = "string"
+JSON_DTYPES = (*ALLOWED_DTYPES, STRING)
+
+
+def dtype_name(dtype: str | np.dtype) -> str:
+    """A dtype as requests name it: ``string`` for numpy's text dtypes, else numpy's name."""
+    d = np.dtype(dtype)
+    return STRING if d.kind in "OSU" else d.name
 
 
 def check_inputs(specs: Sequence[TensorSpec], inputs: dict[str, np.ndarray]) -> None:
@@ -31,8 +41,8 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: dict[str, np.ndarray]) -> 
     for name, arr in inputs.items():
         spec = want[name]
         if str(arr.dtype) != spec.dtype:
-            raise CommandError(f"input {name!r} has dtype {arr.dtype}; the model wants "
-                               f"{spec.dtype}", field=f"inputs.{name}.dtype")
+            raise CommandError(f"input {name!r} has dtype {dtype_name(arr.dtype)}; the model "
+                               f"wants {dtype_name(spec.dtype)}", field=f"inputs.{name}.dtype")
         if not shape_matches(spec.shape, arr.shape):
             raise CommandError(f"input {name!r} has shape {list(arr.shape)}; the model wants "
                                f"{shape_text(spec.shape)}", field=f"inputs.{name}.shape")

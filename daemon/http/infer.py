@@ -25,8 +25,8 @@ import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from edgepilot.errors import CommandError
-from edgepilot.formats.tensor_json import tensors_from_json, tensors_to_json
-from edgepilot.formats.tensors import ALLOWED_DTYPES
+from edgepilot.formats.tensor_json import storable, tensors_from_json, tensors_to_json
+from edgepilot.formats.tensors import ALLOWED_DTYPES, JSON_DTYPES
 from edgepilot.http.api import api_of
 from edgepilot.http.bodies import parse_json
 from edgepilot.serving.infer_command import infer_decoded
@@ -55,6 +55,8 @@ def decode_npy(raw: bytes, name: str) -> dict[str, np.ndarray]:
         arr = np.load(io.BytesIO(raw), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise CommandError(f"body is not a .npy array: {exc}", field="body") from None
+    if arr.dtype.kind == "U":  # text (a string input), stored without pickles
+        return {name: arr.astype(object)}
     if str(arr.dtype) not in ALLOWED_DTYPES:
         raise CommandError(f".npy dtype {arr.dtype} is not allowed; allowed: "
                            f"{', '.join(ALLOWED_DTYPES)}", field=f"inputs.{name}.dtype")
@@ -65,7 +67,7 @@ def decode_npy(raw: bytes, name: str) -> dict[str, np.ndarray]:
 # derive the request body: documented here for /openapi.json (and the schemathesis suite)
 _TENSOR = {"type": "object", "required": ["data"], "additionalProperties": False,
            "properties": {"data": {"description": "values, flat or nested"},
-                          "dtype": {"type": "string", "enum": list(ALLOWED_DTYPES)},
+                          "dtype": {"type": "string", "enum": list(JSON_DTYPES)},
                           "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}
 INFER_OPENAPI = {
     "parameters": [
@@ -116,7 +118,7 @@ async def infer(model: str, request: Request) -> Response:
             raise CommandError(f"name one output with ?output=NAME; outputs: {sorted(outputs)}",
                                field="output")
         buf = io.BytesIO()
-        np.save(buf, np.asarray(outputs[wanted]), allow_pickle=False)
+        np.save(buf, storable(outputs[wanted]), allow_pickle=False)
         headers = {"X-Plan": plan, "X-Latency-Ms": str(result.latency_ms),
                    "X-Output-Name": wanted}
         if result.energy_j is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +235,9 @@ def generate(specs: Sequence[TensorSpec], shapes: Shapes, rules: Mapping[str, Ru
 
 def _draw(rule: Rule, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator
           ) -> np.ndarray:
+    if dtype.kind in "OSU":  # text (a label encoder's, a tokenizer's): letters, not numbers
+        letters = np.array(list(string.ascii_lowercase), dtype=object)
+        return letters[rng.integers(0, len(letters), size=shape)]
     if rule.kind == "ids":
         return rng.integers(0, max(1, rule.high), size=shape).astype(dtype)
     if rule.kind == "ones":

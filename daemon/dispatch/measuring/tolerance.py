@@ -24,9 +24,13 @@ def _norm(v: np.ndarray) -> float:
 
 
 def tensor_error(out: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> float:
-    """Error of one tensor against its reference in ``metric``."""
-    a = np.asarray(out, dtype=np.float64).ravel()
-    b = np.asarray(ref, dtype=np.float64).ravel()
+    """Error of one tensor against its reference in ``metric``. A tensor of strings (or
+    other objects: a tokenizer's or a label lookup's output) has no magnitude: 0 when equal
+    everywhere, else infinite."""
+    if not _numeric(out) or not _numeric(ref):
+        x, y = np.asarray(out), np.asarray(ref)
+        return 0.0 if x.shape == y.shape and bool(np.all(x == y)) else float("inf")
+    a, b = _floats(out), _floats(ref)
     if a.shape != b.shape:
         return float("inf")
     with np.errstate(invalid="ignore", over="ignore"):
@@ -41,6 +45,18 @@ def tensor_error(out: np.ndarray, ref: np.ndarray, metric: str = "rel_l2") -> fl
     if not (same | finite).all():
         return float("inf")
     return _error(np.where(finite, a, 0.0), np.where(finite, b, 0.0), metric)
+
+
+def _numeric(t: np.ndarray) -> bool:
+    return np.asarray(t).dtype.kind in "biufc"
+
+
+def _floats(t: np.ndarray) -> np.ndarray:
+    """Flat float64 values; a complex tensor's real then imaginary parts (an RFFT's)."""
+    x = np.asarray(t)
+    if x.dtype.kind == "c":
+        return np.concatenate([x.real.ravel(), x.imag.ravel()]).astype(np.float64)
+    return x.astype(np.float64, copy=False).ravel()
 
 
 def _error(a: np.ndarray, b: np.ndarray, metric: str) -> float:
