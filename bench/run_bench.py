@@ -37,6 +37,7 @@ from edgepilot.dispatch.planning.costmodel import (
 )
 from edgepilot.dispatch.planning.kernels import correction
 from edgepilot.dispatch.planning.plan import CostBuilder
+from edgepilot.dispatch.targets import available_targets
 from edgepilot.formats import onnx_gen
 from edgepilot.formats.tflite_gen import write_mlp_tflite
 
@@ -104,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
                                                    "model_dir": str(root / "models")},
                                         "dispatch": {"profile_runs": 9, "warmup_runs": 2}})
         dispatcher = Dispatcher(config)
-        corpus = dispatcher.corpus_store()
+        corpus = dispatcher.corpora.store(dispatcher.corpus_parts())
         corpus.directory = args.state_dir / "corpus"
+        # plans do not wait for the corpus (the daemon measures it after one): measured first
+        # here, as the kernel predictor is what this bench scores
+        dispatcher.kernel_models(available_targets(dispatcher.backends,
+                                                   config.dispatch.targets))
+        dispatcher.corpora.measure_wanted(dispatcher.backends, None)
         results: dict[str, Any] = {"models": {}, "predictor": {}}
         kernel_pairs: dict[str, list[tuple[float, float]]] = {}
         kernel_pairs_avg: list[tuple[float, float]] = []

@@ -213,8 +213,9 @@ class DispatchSection(Section):
         2, ge=1, le=10, description="Passes over all (layer, target) cells when profiling; "
         "each cell keeps its lowest median (load on a shared board only adds time).")
     kernel_corpus: bool = Field(
-        True, description="Predict layers from a per-board kernel corpus (synthetic one-operator "
-        "models timed once per target on the first plan, cached in the state dir).")
+        True, description="Predict layers' roofline_ms from a per-board kernel corpus "
+        "(synthetic one-operator models timed once per target after the daemon's first plan, "
+        "cached in the state dir; no plan waits for it).")
     memory_budgets_mb: dict[str, int] = Field(
         default_factory=dict, description="Memory budget per device (cpu, gpu, npu ...) in MB; "
         "cpu defaults to [backends] memory_budget_mb when that is set.")

@@ -64,3 +64,35 @@ def test_sigterm_during_background_planning_exits_promptly(tmp_path: Path) -> No
     time.sleep(0.5)
     assert d.stop(timeout=10) == 0
     assert "planning mlp in the background" in d.output()
+
+
+def test_the_kernel_corpus_is_measured_after_the_first_plan_not_before(tmp_path: Path) -> None:
+    """The corpus (~15 s a board) changes no plan, only each layer's ``roofline_ms``: the
+    first plan is served without it, and the daemon measures it once that plan is made."""
+    models = tmp_path / "models"
+    models.mkdir()
+    mlp_stack(models / "mlp.onnx", widths=(32, 64, 64, 32), batch=2)
+    d = DaemonProcess(tmp_path, f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{models}"\n'
+                                "[dispatch]\nkernel_corpus = true\nprofile_runs = 3\n").start()
+    corpus = d.state_dir / "corpus"
+    try:
+        code, body = d.request("GET", "/v1/plan/mlp")
+        assert code == 202, body
+        deadline = time.monotonic() + 120
+        while code == 202 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            code, body = d.request("GET", "/v1/plan/mlp")
+        assert code == 200, body
+        assert not list(corpus.glob("*.json"))  # the plan did not wait for it
+        assert all(layer["roofline_ms"] > 0 for layer in body["layers"])  # layer fits
+        while not list(corpus.glob("onnxruntime_cpu_*.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(corpus.glob("onnxruntime_cpu_*.json")), d.output()
+        assert "measuring the kernel corpus of onnxruntime/" in d.output()
+        # a replan now predicts its layers from the corpus, without measuring it again
+        code, again = d.request("POST", "/v1/plan/mlp/replan", {"reprofile": True},
+                                timeout=120)
+        assert code == 200, again
+        assert d.output().count("measuring the kernel corpus") == 1
+    finally:
+        assert d.stop() == 0

@@ -55,10 +55,10 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     check_plan_shape(plan)
     assert plan["model"] == "tf" and not plan["from_cache"]
     assert list((tmp_path / "st" / "plans").glob("tf-*.json"))
-    # the first plan on this board measured the kernel corpus of every target, once
-    assert len(list((tmp_path / "st" / "corpus").glob("onnxruntime_cpu_*.json"))) == 3
-    # and the one-thread CPU device's, a target of its own (this machine has two cores)
-    assert len(list((tmp_path / "st" / "corpus").glob("onnxruntime_cpu-1t_*.json"))) == 1
+    # the first plan on a board does not wait for the kernel corpus (it changes no plan,
+    # only each layer's roofline_ms, then from the model's own layer fits): the daemon
+    # measures it after a background plan (test_background_plan.py)
+    assert not list((tmp_path / "st" / "corpus").glob("*.json"))
     assert all(layer["roofline_ms"] > 0 for layer in plan["layers"])
     again = json.loads(cli(tmp_path, "plan", "tf", "--json").stdout)
     assert again["from_cache"] and again["hash"] == plan["hash"]

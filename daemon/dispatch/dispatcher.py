@@ -35,13 +35,14 @@ from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.model_files import PLANNED_KINDS, planning_shapes
 from edgepilot.dispatch.planning.cache import PlanCache
-from edgepilot.dispatch.planning.corpus import CorpusStore, CorpusStores
+from edgepilot.dispatch.planning.corpus import CorpusStores
 from edgepilot.dispatch.planning.kernels import KernelModel
 from edgepilot.dispatch.planning.plan import segments_of
 from edgepilot.dispatch.targets import (
     available_targets,
     board_freqs,
     board_id,
+    memory_budgets,
     runtime_versions,
 )
 from edgepilot.errors import EdgepilotError, ModelError, PlanError
@@ -132,23 +133,17 @@ class Dispatcher:
                 "profile": self.profile_name(),
                 "runtimes": runtime_versions(self.backends), "edgepilot": __version__}
 
-    def corpus_store(self) -> CorpusStore:
-        """The kernel corpus for the board and DVFS profile in force now."""
-        return self.corpora.store({"board": board_id(self.board), "profile": self.profile_name()})
+    def corpus_parts(self) -> dict[str, Any]:  # what the kernel corpus depends on
+        return {"board": board_id(self.board), "profile": self.profile_name()}
 
     def kernel_models(self, targets: list[Target], progress: Progress | None = None
                       ) -> dict[str, KernelModel]:
-        """Kernel-corpus fits of ``targets``: measured on first use, then cached."""
-        return self.corpora.fits({"board": board_id(self.board), "profile": self.profile_name()},
-                                 self.backends, targets, progress)
+        """Kernel-corpus fits of ``targets`` the state dir holds: the corpus (~15 s a board)
+        changes no plan, only ``roofline_ms``; the daemon measures it after a background plan."""
+        return self.corpora.fits(self.corpus_parts(), self.backends, targets, progress, False)
 
     def budgets(self) -> dict[str, float]:
-        mb = self.config.backends.memory_budget_mb
-        budgets: dict[str, float] = {
-            k: v * 1024 * 1024 for k, v in self.config.dispatch.memory_budgets_mb.items()}
-        if mb:
-            budgets.setdefault("cpu", mb * 1024 * 1024)
-        return budgets
+        return memory_budgets(self.config)
 
     def llamacpp(self) -> LlamaCppBackend:
         """The llama.cpp backend with its config section; PlanError when it is unavailable."""
@@ -326,7 +321,12 @@ class Dispatcher:
         return None
 
     def _start_planning(self, name: str, shapes: Shapes | None, key: tuple[str, str]) -> None:
-        self.background.start(key, lambda: self.run_blocking(self.plan_for, name, shapes))
+        async def work() -> None:
+            await self.run_blocking(self.plan_for, name, shapes)
+            if len(self.background.tasks) <= 1:  # the corpus it lacked; nothing else timed
+                await self.run_blocking(self.corpora.measure_wanted, self.backends, self.progress)
+
+        self.background.start(key, work)
 
     def plan_progress(self, name: str) -> dict[str, Any] | None:
         """None when ``name`` has a plan to explain now; else how far its plan in the making

@@ -6,9 +6,21 @@ import logging
 
 from edgepilot.backends.base import Backend, Target
 from edgepilot.board.board import Board
+from edgepilot.config import Config
 from edgepilot.errors import ConfigError, EdgepilotError
 
 log = logging.getLogger(__name__)
+
+
+def memory_budgets(config: Config) -> dict[str, float]:
+    """Bytes each device may hold (``[dispatch] memory_budgets_mb``; the CPU's defaults to
+    ``[backends] memory_budget_mb``)."""
+    mb = config.backends.memory_budget_mb
+    budgets: dict[str, float] = {
+        k: v * 1024 * 1024 for k, v in config.dispatch.memory_budgets_mb.items()}
+    if mb:
+        budgets.setdefault("cpu", mb * 1024 * 1024)
+    return budgets
 
 
 def available_targets(backends: dict[str, Backend], allowed: list[str] | None) -> list[Target]:

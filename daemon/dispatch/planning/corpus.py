@@ -256,6 +256,7 @@ class CorpusStore:
         self.passes = passes
         self.models: dict[str, KernelModel | None] = {}
         self.measured: list[str] = []      # targets measured (not loaded) by this store
+        self.unmeasured: list[Target] = []  # asked for without measuring, not cached yet
         self.seconds = 0.0                 # time spent measuring
 
     def key(self, target: Target, runtime_version: str) -> str:
@@ -271,9 +272,11 @@ class CorpusStore:
         return self.directory / f"{safe}-{key}.json"
 
     def for_targets(self, backends: Mapping[str, Backend], targets: Sequence[Target],
-                    progress: Progress | None = None) -> dict[str, KernelModel]:
-        """Kernel models of ``targets`` (loaded, else measured together and cached); targets
-        that run no ONNX kernel (TFLite, Arm NN) are left out."""
+                    progress: Progress | None = None, measure: bool = True
+                    ) -> dict[str, KernelModel]:
+        """Kernel models of ``targets`` (loaded, else measured together and cached; with
+        ``measure`` False those not in the state dir are left out and listed in
+        :attr:`unmeasured`); targets that run no ONNX kernel (TFLite, Arm NN) are left out."""
         pending: list[tuple[Backend, Target, Path, str]] = []
         for target in targets:
             backend = backends.get(target.backend)
@@ -286,7 +289,8 @@ class CorpusStore:
                 pending.append((backend, target, path, key))
             else:
                 self.models[str(target)] = _fit(data)
-        if pending:
+        self.unmeasured = [t for _, t, _, _ in pending]
+        if pending and measure:
             t0 = time.perf_counter()
             results = measure_corpus([(b, t) for b, t, _, _ in pending], self.specs,
                                      runs=self.runs, warmup=self.warmup, passes=self.passes,
@@ -319,9 +323,15 @@ class CorpusStores:
         self._stores: dict[str, CorpusStore] = {}
         self._lock = threading.Lock()
         self._measuring = threading.Lock()
+        # (board, profile) key -> (its parts, targets asked for without measuring)
+        self._wanted: dict[str, tuple[dict[str, Any], set[Target]]] = {}
+
+    @staticmethod
+    def _key(parts: Mapping[str, Any]) -> str:
+        return json.dumps(parts, sort_keys=True, default=str)
 
     def store(self, parts: Mapping[str, Any]) -> CorpusStore:
-        key = json.dumps(parts, sort_keys=True, default=str)
+        key = self._key(parts)
         with self._lock:
             found = self._stores.get(key)
             if found is None:
@@ -329,9 +339,33 @@ class CorpusStores:
             return found
 
     def fits(self, parts: Mapping[str, Any], backends: Mapping[str, Backend],
-             targets: list[Target], progress: Callable[[int, int, str], None] | None
-             ) -> dict[str, KernelModel]:
-        """Kernel-corpus fits of ``targets``: measured on first use, then cached."""
+             targets: list[Target], progress: Callable[[int, int, str], None] | None,
+             measure: bool = True) -> dict[str, KernelModel]:
+        """Kernel-corpus fits of ``targets``: measured on first use, then cached. ``measure``
+        False: only those cached; the others are remembered for :meth:`measure_wanted`."""
         store = self.store(parts)
         with self._measuring:  # two models planned at once measure the corpus once
-            return store.for_targets(backends, targets, progress)
+            got = store.for_targets(backends, targets, progress, measure)
+        if not measure and store.unmeasured:
+            with self._lock:
+                self._wanted.setdefault(self._key(parts), (dict(parts), set()))[1].update(
+                    store.unmeasured)
+        return got
+
+    def measure_wanted(self, backends: Mapping[str, Backend],
+                       progress: Callable[[int, int, str], None] | None) -> None:
+        """Measure (and cache) the corpus of every target a plan found none for. An error
+        (a stopping daemon's progress raising) leaves them wanted for the next time."""
+        with self._lock:
+            wanted, self._wanted = self._wanted, {}
+        for key, (parts, targets) in wanted.items():
+            todo = sorted(targets, key=str)
+            log.info("measuring the kernel corpus of %s (once per board and DVFS profile)",
+                     ", ".join(map(str, todo)))
+            try:
+                self.fits(parts, backends, todo, progress)
+            except EdgepilotError as exc:
+                log.info("kernel corpus not measured: %s", exc.message)
+                with self._lock:
+                    self._wanted.setdefault(key, (parts, set()))[1].update(todo)
+                return
