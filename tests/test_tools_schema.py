@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,59 @@ def test_the_deprecated_functions_are_answered_as_function_call(oa: openai.OpenA
                                    functions=functions, tools=TOOLS)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="request with the deprecated functions"):
         oa.chat.completions.create(model="smol", messages=follow)  # type: ignore[arg-type]
+
+
+class Area(BaseModel):
+    floor: int
+    room: str
+
+
+class Power(StrEnum):
+    on = "on"
+    off = "off"
+
+
+class SetDevice(BaseModel):
+    """Switch a device in an area."""
+
+    device: str
+    power: Power
+    area: Area
+
+
+class Node(BaseModel):
+    name: str
+    children: list[Node] = []
+
+
+def test_pydantic_tools_and_recursive_schemas_with_their_defs(oa: openai.OpenAI) -> None:
+    """A pydantic model's schema keeps its nested models and enums in ``$defs`` (the OpenAI
+    SDK's ``pydantic_function_tool``, pydantic-ai, openai-agents): a 400 before, as the refs
+    resolved against the call's root once the schema sat inside it."""
+    tool = openai.pydantic_function_tool(SetDevice)
+    assert "$defs" in json.dumps(tool)  # what the SDK sends
+    plain = openai.pydantic_function_tool(Area)  # tools with and without $defs, side by side
+    assert "$defs" not in json.dumps(plain)
+    got = oa.chat.completions.parse(
+        model="smol", messages=[{"role": "user", "content": "Turn the lamp in the hall on."}],
+        tools=[tool, plain], tool_choice={"type": "function", "function": {"name": "SetDevice"}},
+        temperature=0, max_tokens=80)
+    calls = got.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "SetDevice"
+    parsed = calls[0].function.parsed_arguments  # the SDK's own parse into the model
+    assert isinstance(parsed, SetDevice) and isinstance(parsed.area, Area)
+    assert parsed.power in (Power.on, Power.off)
+    # a recursive model: its schema's root is a $ref (or refers to itself)
+    for schema in (Node.model_json_schema(),
+                   {"type": "object", "required": ["name"], "properties": {
+                       "name": {"type": "string"},
+                       "children": {"type": "array", "items": {"$ref": "#"}}}}):
+        answer = oa.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "A tree of two rooms."}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "tree", "schema": schema}},
+            temperature=0, max_tokens=60)
+        text = answer.choices[0].message.content or ""
+        if answer.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(text), schema)
+        assert text.startswith("{")

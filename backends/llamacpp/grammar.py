@@ -50,16 +50,71 @@ def check_schema(schema: Any, field: str) -> dict[str, Any]:
 
 def schema_gbnf(schema: dict[str, Any], field: str) -> str:
     """The GBNF grammar of ``schema`` (checked first); CommandError naming ``field`` when the
-    converter cannot express it (remote $ref, unsupported keyword combinations)."""
+    converter cannot express it (remote $ref, unsupported keyword combinations).
+
+    llama-cpp-python's converter resolves a ``$ref`` from the document's root but cannot
+    start from one, nor follow ``#`` itself: a schema whose root is a ``$ref`` (pydantic's
+    for a recursive model) or that refers to itself is converted as a definition of its own
+    (:func:`hoisted`) when it fails as it is."""
     check_schema(schema, field)
-    llama_cpp = import_llama_cpp()
     try:
-        gbnf = str(llama_cpp.llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
-    except (ValueError, KeyError, TypeError, AttributeError, NotImplementedError,
-            RecursionError, AssertionError) as exc:
-        raise CommandError(f"{field}: llama.cpp cannot constrain generation to this schema "
-                           f"({type(exc).__name__}: {exc})", field=field) from None
+        gbnf = _convert(schema)
+    except _CONVERTER_ERRORS as exc:
+        if not _has_ref(schema):
+            raise _cannot(field, exc) from None
+        try:
+            gbnf = _convert({"anyOf": [{"$ref": "#/$defs/schema"}],
+                             "$defs": hoisted(schema, "schema")})
+        except _CONVERTER_ERRORS:
+            raise _cannot(field, exc) from None
     return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+
+
+_CONVERTER_ERRORS = (ValueError, KeyError, TypeError, AttributeError, NotImplementedError,
+                     RecursionError, AssertionError)
+
+
+def _convert(schema: dict[str, Any]) -> str:
+    return str(import_llama_cpp().llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
+
+
+def _cannot(field: str, exc: BaseException) -> CommandError:
+    return CommandError(f"{field}: llama.cpp cannot constrain generation to this schema "
+                        f"({type(exc).__name__}: {exc})", field=field)
+
+
+def hoisted(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """``schema`` as definitions of another document's root ``$defs``: itself as ``name``,
+    each of its own ``$defs``/``definitions`` as ``name`` + their name, every local ``$ref``
+    rewritten to match (``#`` itself included). Several tools' parameters, each with its own
+    ``$defs`` (pydantic's nested models and enums), then share one grammar: llama-cpp-python's
+    converter resolves references from the root only, and follows none that sits beside a
+    ``$ref`` (a root ``$ref`` with its ``$defs``)."""
+    local: dict[str, Any] = {}
+    for key in ("definitions", "$defs"):
+        if isinstance(schema.get(key), dict):
+            local.update(schema[key])
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+
+    def pointer(ref: str) -> str:
+        for prefix in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(prefix):
+                return f"#/$defs/{name}{ref[len(prefix):]}"
+        return f"#/$defs/{name}{ref[1:]}" if ref == "#" or ref.startswith("#/") else ref
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: pointer(v) if k == "$ref" and isinstance(v, str) else rewrite(v)
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        return node
+
+    return {name: rewrite(body), **{name + key: rewrite(v) for key, v in local.items()}}
+
+
+def _has_ref(schema: Any) -> bool:
+    return "\"$ref\"" in json.dumps(schema)
 
 
 def grammar_of(gbnf: str, field: str = "grammar") -> Any:

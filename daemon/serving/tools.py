@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgepilot.backends.llamacpp.grammar import grammar_of, schema_gbnf
+from edgepilot.backends.llamacpp.grammar import grammar_of, hoisted, schema_gbnf
 from edgepilot.errors import CommandError
 from edgepilot.formats.gguf_info import read_gguf_info
 from edgepilot.serving.registry import ModelRegistry
@@ -152,10 +152,21 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         raise CommandError(f"tool_choice {tool_choice!r} is not allowed; allowed \"none\", "
                            "\"auto\", \"required\" or {\"type\": \"function\", \"function\": "
                            "{\"name\": ...}}", field="tool_choice")
-    call = {"anyOf": [{"type": "object", "additionalProperties": False,
-                       "required": ["name", "arguments"],
-                       "properties": {"name": {"const": name}, "arguments": schema}}
-                      for name, schema in declared]}
+    # a tool's parameters with references ($defs: pydantic's nested models and enums) sit in
+    # the grammar's own $defs (``hoisted``): inside "arguments" they would resolve against the
+    # call's root and miss
+    defs: dict[str, Any] = {}
+    for i, (_, schema) in enumerate(declared):
+        if '"$ref"' in json.dumps(schema):
+            defs.update(hoisted(schema, f"tool{i}"))
+    call: dict[str, Any] = {"anyOf": [
+        {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+         "properties": {"name": {"const": name},
+                        "arguments": {"$ref": f"#/$defs/tool{i}"} if f"tool{i}" in defs
+                        else schema}}
+        for i, (name, schema) in enumerate(declared)]}
+    if defs:
+        call["$defs"] = defs
     # a call is one JSON object, or a list holding it: the form small models are trained to
     # call tools in (SmolLM2's `[{"name": ..., "arguments": ...}]`); a model that opens a list
     # means a call, and under "auto" that first character is its choice, so a list must not
