@@ -56,6 +56,11 @@ class HttpSection(Section):
         "run models, start profiling and change DVFS profiles.")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, le=1024**3,
                                 description="Largest request body accepted.")
+    cors_origins: list[str] = Field(
+        default_factory=list, description="Browser origins (e.g. https://chat.example.org) "
+        "allowed to call the language-model routes, beyond the loopback host and app://, "
+        "file://, tauri://, vscode-webview:// pages, which are always allowed (Ollama's "
+        "OLLAMA_ORIGINS).")
     max_queue: int = Field(32, ge=1, le=10_000,
                            description="Requests waiting per device before 503.")
 

@@ -118,7 +118,11 @@ class GrammarAborted(CommandError):
 
 
 class ContextOverflow(CommandError):
-    """The prompt does not fit the model's context window (the client's input: a 400)."""
+    """The prompt does not fit the model's context window (the client's input: a 400). Its
+    code is OpenAI's, which clients act on (litellm's ContextWindowExceededError and the
+    fallbacks and trimming it triggers)."""
+
+    code = "context_length_exceeded"
 
 
 class DeadlineExceeded(EdgepilotError):

@@ -9,6 +9,8 @@ import shutil
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,7 +64,41 @@ def test_list_show_version(client: ollama.Client) -> None:
     assert shown.modelinfo["general.architecture"] == "llama"
     assert shown.template and "im_start" in shown.template
     assert client.show("smol:latest").modelinfo == shown.modelinfo  # the tag clients add
-    assert client._request_raw("GET", "/api/version").json()["version"]
+    # each model its own digest (the llm-ollama plugin groups models by digest: all empty,
+    # it served every model as one), stable between listings
+    digests = {name: m.digest for name, m in models.items()}
+    assert len(set(digests.values())) == 3 and all(len(d or "") == 64 for d in digests.values())
+    assert {m.model: m.digest for m in client.list().models} == digests
+    # Ollama's version number (clients gate on it: VS Code's provider wants >= 0.6.4)
+    version = client._request_raw("GET", "/api/version").json()
+    assert tuple(int(p) for p in version["version"].split(".")) >= (0, 6, 4)
+    assert version["edgepilot"]
+
+
+def test_browser_front_ends_get_cors_on_the_model_routes_only(daemon: DaemonProcess) -> None:
+    """Ollama answers CORS preflights from localhost pages and app/webview origins."""
+    def preflight(path: str, origin: str) -> tuple[int, dict[str, str]]:
+        req = urllib.request.Request(daemon.url + path, method="OPTIONS", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, dict(resp.headers)
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers)
+
+    for origin in ("http://localhost:3000", "vscode-webview://abc", "app://obsidian.md"):
+        status, headers = preflight("/api/chat", origin)
+        assert status == 200 and headers.get("access-control-allow-origin") == origin, headers
+    status, headers = preflight("/v1/chat/completions", "http://127.0.0.1:5173")
+    assert status == 200 and headers.get("access-control-allow-origin") == "http://127.0.0.1:5173"
+    # a page elsewhere is not let in, nor anywhere near the board's controls
+    assert "access-control-allow-origin" not in preflight("/api/chat", "https://evil.example")[1]
+    assert "access-control-allow-origin" not in preflight("/v1/profile", "http://localhost:3000")[1]
+    for path in ("/api/tags", "/api/version"):  # HEAD, as health checks send it
+        req = urllib.request.Request(daemon.url + path, method="HEAD")
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 200
 
 
 def test_chat_equals_the_openai_route_and_times_truthfully(client: ollama.Client,

@@ -191,6 +191,11 @@ def test_prompt_longer_than_the_context_is_a_400_naming_the_field(
                                 {"model": "tiny", "max_tokens": 2, "stream": True,
                                  "messages": [{"role": "user", "content": long}]})
     assert code == 400 and body["error"]["param"] == "messages", body
+    # OpenAI's code for it, which clients act on (litellm's ContextWindowExceededError)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", max_tokens=2,
+                                       messages=[{"role": "user", "content": long}])
+    assert refused.value.code == "context_length_exceeded", refused.value.body
     ok = client.completions.create(model="tiny", prompt="edge", max_tokens=2, temperature=0)
     assert ok.choices[0].finish_reason in ("length", "stop")
 

@@ -22,7 +22,7 @@ from edgepilot.backends.llamacpp.lookup import PromptLookup
 from edgepilot.backends.llamacpp.prefix_cache import PrefixCache, common_prefix
 from edgepilot.backends.llamacpp.speculative import Drafter, draft_usage, eval_step, may_draft
 from edgepilot.backends.native_log import route_llama_logs
-from edgepilot.errors import ContextOverflow
+from edgepilot.errors import CommandError, ContextOverflow
 
 T = TypeVar("T")
 
@@ -380,6 +380,6 @@ def refused_as_bad_request(field: str) -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
-        raise ContextOverflow(f"llama.cpp refused the request: {exc}; shorten the input or raise "
-                           "n_ctx ([backends.llamacpp] or the model's n_ctx)",
-                           field=field) from None
+        kind = ContextOverflow if "context window" in str(exc) else CommandError
+        raise kind(f"llama.cpp refused the request: {exc}; shorten the input or raise "
+                   "n_ctx ([backends.llamacpp] or the model's n_ctx)", field=field) from None

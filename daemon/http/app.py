@@ -27,6 +27,7 @@ from edgepilot.http import (
 )
 from edgepilot.http.api import HttpApi
 from edgepilot.http.bodies import field_of
+from edgepilot.http.cors import LlmCors
 from edgepilot.http.ollama_run import ollama_error
 from edgepilot.json_depth import MAX_DEPTH, too_deep
 
@@ -212,4 +213,5 @@ def create_app(api: HttpApi) -> FastAPI:
     for module in (health, commands, profile, telemetry, config, openai, ollama, infer, plan):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, limit=api.config().http.max_body_bytes)
+    app.add_middleware(LlmCors, origins=api.config().http.cors_origins)
     return app

@@ -28,7 +28,7 @@ from edgepilot.backends.llamacpp.grammar import schema_grammar
 from edgepilot.errors import CommandError, ContextOverflow, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.client_gone import unless_client_leaves
-from edgepilot.http.ollama_models import model_details, show_info, tag_of
+from edgepilot.http.ollama_models import digest_of, model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
     ChatBody,
     Common,
@@ -278,7 +278,8 @@ async def embeddings(request: Request) -> Any:
     return {"embedding": vectors[0]}
 
 
-@router.get("/api/tags", summary="Ollama's model list (the GGUF models of the model dir)")
+@router.api_route("/api/tags", methods=["GET", "HEAD"],
+                  summary="Ollama's model list (the GGUF models of the model dir)")
 async def tags(request: Request) -> Any:
     gen = _generator(request)
     loop = asyncio.get_running_loop()
@@ -296,7 +297,7 @@ async def ps(request: Request) -> Any:
             continue
         exe = lm.executable
         out.append({"name": name, "model": name, "size": lm.memory_bytes, "size_vram": 0,
-                    "digest": lm.model.entry.sha256 or "",
+                    "digest": digest_of(name, lm.model.path, lm.model.entry.sha256),
                     "details": model_details(lm.model.path, lm.model.kind),
                     "expires_at": iso_of(lm.expires_at()),
                     # each request's context, as options.num_ctx asks it (a model generating
@@ -329,9 +330,15 @@ async def heartbeat() -> str:
     return "Ollama is running"
 
 
-@router.get("/api/version", summary="Version of this daemon")
+# the Ollama release whose API the routes here answer as: clients gate on it (VS Code's
+# Ollama provider refuses a server under 0.6.4), so it is Ollama's number, not edgepilot's
+OLLAMA_API_VERSION = "0.9.0"
+
+
+@router.api_route("/api/version", methods=["GET", "HEAD"],
+                  summary="The Ollama API version answered here, and edgepilot's own")
 async def version() -> dict[str, str]:
-    return {"version": __version__}
+    return {"version": OLLAMA_API_VERSION, "edgepilot": __version__}
 
 
 @router.post("/api/pull", include_in_schema=False)

@@ -1,11 +1,15 @@
 """What Ollama's ``/api/tags`` and ``/api/show`` say about a GGUF model, from its header.
 
-``digest`` is the ``[[models]] sha256`` when the entry pins one, else empty (hashing a
-multi-hundred-megabyte file for a listing would stall a board); ``size`` is the file's size.
+``digest`` is the ``[[models]] sha256`` when the entry pins one, else a sha256 of the model's
+name, file size and modification time (hashing a multi-hundred-megabyte file for a listing
+would stall a board): distinct per model, as clients expect (the ``llm-ollama`` plugin groups
+models by digest: with every digest empty it served all of them as one); ``size`` is the
+file's size.
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,18 @@ def model_details(path: Path, kind: str) -> dict[str, Any]:
     return details
 
 
+def digest_of(name: str, path: Path, pinned: str | None) -> str:
+    """The ``digest`` Ollama's listings show for a model (see the module docstring)."""
+    if pinned:
+        return pinned
+    try:
+        st = path.stat()
+        stamp = f"{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        stamp = "missing"
+    return hashlib.sha256(f"{name}\0{path.name}\0{stamp}".encode()).hexdigest()
+
+
 def _modified(path: Path) -> str:
     try:
         mtime = path.stat().st_mtime
@@ -51,7 +67,8 @@ def tag_of(gen: Generator, item: dict[str, Any]) -> dict[str, Any]:
     except (ModelError, OSError):
         size = 0
     return {"name": name, "model": name, "modified_at": _modified(path), "size": size,
-            "digest": entry.sha256 or "", "details": model_details(path, "gguf")}
+            "digest": digest_of(name, path, entry.sha256),
+            "details": model_details(path, "gguf")}
 
 
 def show_info(gen: Generator, model: files.ResolvedModel) -> dict[str, Any]:
