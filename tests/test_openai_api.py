@@ -520,3 +520,23 @@ def test_legacy_completion_defaults_are_taken_and_their_other_values_named(
         with pytest.raises(openai.BadRequestError, match=field):
             client.completions.create(model="tiny", prompt="the", max_tokens=2,
                                       **{field: value})  # type: ignore[arg-type]
+
+
+def test_max_tokens_holds_when_the_answer_ends_inside_a_character(
+        client: openai.OpenAI, reference: Llama) -> None:
+    # llama-cpp-python checks max_tokens only after a token that completes a character: an
+    # emoji's lead byte, then its continuation bytes, ran past the limit (4 gave 6)
+    lead = next(i for i in range(reference.n_vocab()) if reference.detokenize([i]) == b"\xf0")
+    for stream in (False, True):
+        got = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "an emoji"}], max_tokens=4,
+            temperature=0, logit_bias={str(lead): 100}, stream=stream,  # type: ignore[call-overload]
+            **({"stream_options": {"include_usage": True}} if stream else {}))
+        if stream:
+            chunks = list(got)
+            usage = chunks[-1].usage
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        else:
+            usage, finish = got.usage, got.choices[0].finish_reason
+        assert usage is not None and usage.completion_tokens == 4, (stream, usage)
+        assert finish == "length"

@@ -19,7 +19,7 @@ from edgepilot.backends.llamacpp.logprobs import (
     attach,
     streamed,
 )
-from edgepilot.backends.llamacpp.processors import with_processors
+from edgepilot.backends.llamacpp.processors import restore_text, with_processors
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     ThreadGovernor,
@@ -207,6 +207,7 @@ class LlamaExecutable(GenerativeExecutable):
             out = LLAMA_THREAD.call(self.llm.create_chat_completion, messages=messages,
                                     **params)
             self.end_request()
+            restore_text(out, params, self.llm.sampled, self._detokenize, chat=True)
             return attach(self._with_cached(out), logprobs, chat=True)
 
     def complete(self, prompt: str, *, cancel: threading.Event | None = None,
@@ -223,7 +224,14 @@ class LlamaExecutable(GenerativeExecutable):
             self.begin_request(adapter)
             out = LLAMA_THREAD.call(self.llm.create_completion, prompt=prompt, **params)
             self.end_request()
+            restore_text(out, params, self.llm.sampled, self._detokenize, chat=False)
             return attach(self._with_cached(out), logprobs, chat=False)
+
+    def _detokenize(self, tokens: list[int]) -> bytes:
+        """The text bytes of generated ``tokens``, read after the prompt (a tokenizer's leading
+        space depends on what comes before)."""
+        prompt = [int(t) for t in self.llm._input_ids[:self.llm.prompt_len]]
+        return bytes(self.llm.detokenize(list(tokens), prev_tokens=prompt))
 
     def _with_cached(self, out: Any) -> Any:
         if isinstance(out.get("usage"), dict):

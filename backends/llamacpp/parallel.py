@@ -30,12 +30,13 @@ from edgepilot.backends.llamacpp.logprobs import (
     attach,
     streamed,
 )
-from edgepilot.backends.llamacpp.processors import with_processors
+from edgepilot.backends.llamacpp.processors import restore_text, with_processors
 from edgepilot.backends.llamacpp.runtime import (
     LLAMA_THREAD,
     import_llama_cpp,
     usage_of,
     with_cached,
+    with_stop_requests,
 )
 from edgepilot.errors import BackendError, CommandError, ContextOverflow
 from edgepilot.formats.gguf_info import GgufInfo
@@ -94,9 +95,17 @@ def _request_view(llama_cpp: Any) -> Any:
             # row to stopping criteria); this view has none to pass
             return self._no_scores
 
+        def unsample(self) -> None:
+            if self.sampled:  # the token a stopping criterion dropped (runtime.py)
+                self.sampled.pop()
+
         def generate(self, tokens: Any, *, stopping_criteria: Any = None, reset: bool = True,
                      **sampling: Any) -> Iterator[int]:
             """``Llama.generate`` for one sequence of the engine: prompt in, sampled ids out."""
+            received = [0]  # tokens read from the engine (it samples ahead of this reader)
+            stopping_criteria = with_stop_requests(
+                import_llama_cpp(), {**sampling, "stopping_criteria": stopping_criteria},
+                lambda: received[0], self.unsample)["stopping_criteria"]
             sampler = self._init_sampler(**sampling)
             # no max_tokens here: llama-cpp-python decides when it has enough (a token that
             # ends inside a UTF-8 character is not counted yet), and closes this generator
@@ -112,6 +121,7 @@ def _request_view(llama_cpp: Any) -> Any:
                     kind, value = seq.out.get()
                     if kind == "token":
                         self.sampled.append(value)
+                        received[0] += 1
                         if stopping_criteria is not None and stopping_criteria(
                                 np.asarray(seq.ids, dtype=np.intc), self._no_scores[0]):
                             return
@@ -250,6 +260,10 @@ class LlamaBatchExecutable(LlamaExecutable):
                 f"sequences holds {share} tokens of the context: shorten the input, or raise "
                 "n_ctx or lower [backends.llamacpp] parallel", field=field) from None
 
+    def _detokenize_of(self, view: Any) -> Any:
+        prompt = [int(t) for t in view.seq.prompt] if view.seq is not None else []
+        return lambda tokens: bytes(self.llm.detokenize(list(tokens), prev_tokens=prompt))
+
     def report(self, view: Any) -> None:
         # the governor compares decode speeds with single-stream measurements: only a request
         # that never shared a step with another is comparable
@@ -272,6 +286,7 @@ class LlamaBatchExecutable(LlamaExecutable):
                 messages=messages, **params), field="messages", logprobs=logprobs)
         with self.refused("messages"):
             out = view.create_chat_completion(messages=messages, **params)
+        restore_text(out, params, view.sampled, self._detokenize_of(view), chat=True)
         self.report(view)
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], view)
@@ -289,6 +304,7 @@ class LlamaBatchExecutable(LlamaExecutable):
                 prompt=prompt, **params), empty_prompt=not prompt, logprobs=logprobs)
         with self.refused("prompt"):
             out = view.create_completion(prompt=prompt, **params)
+        restore_text(out, params, view.sampled, self._detokenize_of(view), chat=False)
         self.report(view)
         if isinstance(out.get("usage"), dict):
             with_cached(out["usage"], view)

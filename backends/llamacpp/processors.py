@@ -28,3 +28,23 @@ def with_processors(params: dict[str, Any], llm: Any, cancel: threading.Event | 
     params = cancellable(params, cancel, int(llm.token_eos()),
                          lambda tokens: bytes(llm.detokenize(tokens)))
     return params, recorder
+
+
+def restore_text(out: dict[str, Any], params: dict[str, Any], tokens: list[int],
+                 detokenize: Any, chat: bool) -> dict[str, Any]:
+    """A whole answer whose generation the daemon's check ended by a stopping criterion
+    (``max_tokens`` reached inside a character, a cancel or broken UTF-8 under a grammar):
+    llama-cpp-python sets the answer's text only where it ends a generation itself, so it
+    came back empty; it is the text of the ``tokens`` taken (invalid bytes dropped, as
+    llama-cpp-python drops them). ``out`` is changed in place and returned."""
+    if not any(getattr(p, "stop_requested", lambda: None)() is not None
+               for p in params.get("logits_processor") or []):
+        return out
+    text = bytes(detokenize(tokens)).decode("utf-8", errors="ignore")
+    for choice in out.get("choices") or []:
+        if chat and isinstance(choice.get("message"), dict):
+            if not choice["message"].get("content"):
+                choice["message"]["content"] = text
+        elif not choice.get("text"):
+            choice["text"] = text
+    return out

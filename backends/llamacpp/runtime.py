@@ -152,7 +152,8 @@ def counting_llama(llama_cpp: Any) -> Any:
 
             def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
                 tokens = list(tokens)
-                kwargs = with_stop_requests(llama_cpp, kwargs)
+                kwargs = with_stop_requests(llama_cpp, kwargs, lambda: len(self.sampled),
+                                            self.unsample)
                 cache = self.prefix_cache
                 if cache is not None:
                     cache.before(self, tokens)
@@ -194,6 +195,11 @@ def counting_llama(llama_cpp: Any) -> Any:
                                            (time.perf_counter() - start) / n)
                 self.steps += 1
                 self.tokens_done += n
+
+            def unsample(self) -> None:
+                if self.sampled:  # the token a stopping criterion dropped
+                    self.sampled.pop()
+                    self.sample_times.pop()
 
             def eval_plain(self, tokens: list[int]) -> None:
                 super().eval(tokens)
@@ -297,8 +303,14 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int
     so a model that emits one (a random-weight GGUF often does) runs to ``max_tokens``
     yielding nothing, slower at every token: a request with no limit ran 20 minutes and held
     its device all along. What was held back is still returned (llama-cpp-python drops the
-    invalid bytes at the end)."""
-    if cancel is None and detokenize is None:
+    invalid bytes at the end).
+
+    And it holds ``max_tokens``: llama-cpp-python checks the limit only after a token that
+    completes a character, so an answer ending inside one (an emoji's bytes) ran past it
+    (``max_tokens`` 4 gave 6 tokens); the generation stops before sampling past it."""
+    limit = params.get("max_tokens")
+    limit = limit if isinstance(limit, int) and limit > 0 else None
+    if cancel is None and detokenize is None and limit is None:
         return params
     # Under a grammar (structured output, tool calls) end-of-sequence is only allowed where the
     # grammar ends: forced anywhere else, llama.cpp's grammar is left with no state and aborts
@@ -308,25 +320,30 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int
     constrained = params.get("grammar") is not None
     prompt: list[int] = []  # the context's length at the first call: the prompt
     broken: list[int] = []  # where the bytes stopped being UTF-8
-    stop: list[bool] = []
+    # the index among the generated tokens of the first one not to take (a stopping
+    # criterion ends the generation there): the parallel engine samples ahead of its reader
+    stop: list[int] = []
 
     def check(input_ids: Any, scores: Any) -> Any:
         n = len(input_ids)
         if not prompt:
             prompt.append(n)
+        if limit is not None and n - prompt[0] >= limit:
+            stop.append(n - prompt[0])  # one past the limit: never taken
+            return scores
         if broken and n <= broken[0]:  # a draft that held it was rejected
             broken.clear()
         if detokenize is not None and not broken and not_utf8(detokenize, input_ids, prompt[0]):
             broken.append(n)
         if (cancel is not None and cancel.is_set()) or (broken and n - broken[0] >= HOLD_LIMIT):
             if constrained:
-                stop.append(True)
+                stop.append(n - prompt[0])
             else:
                 scores[:] = -np.inf
                 scores[eos] = 0.0
         return scores
 
-    check.stop_requested = lambda: bool(stop)  # type: ignore[attr-defined]
+    check.stop_requested = lambda: min(stop, default=None)  # type: ignore[attr-defined]
 
     # reads only the last few tokens: a rejected draft among them is forgotten once the
     # context is back before it
@@ -337,17 +354,27 @@ def cancellable(params: dict[str, Any], cancel: threading.Event | None, eos: int
     return {**params, "logits_processor": processors}
 
 
-def with_stop_requests(llama_cpp: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def with_stop_requests(llama_cpp: Any, kwargs: dict[str, Any], taken: Callable[[], int],
+                       unsample: Callable[[], None]) -> dict[str, Any]:
     """``generate``'s keyword arguments with a stopping criterion for each logits processor
     that asks for one (``stop_requested``, see :func:`cancellable`): llama-cpp-python's chat
     handlers pass ``stopping_criteria`` of their own making to ``generate``, never the
-    caller's, so it is added where every generation passes."""
+    caller's, so it is added where every generation passes. The criterion runs after a token
+    was sampled (``taken``: how many so far, that one included), which is then dropped:
+    ``unsample`` takes it off the caller's count."""
     asks = [p.stop_requested for p in kwargs.get("logits_processor") or []
             if hasattr(p, "stop_requested")]
     if not asks:
         return kwargs
-    criteria = llama_cpp.StoppingCriteriaList(
-        [*(kwargs.get("stopping_criteria") or []), lambda _ids, _logits: any(a() for a in asks)])
+
+    def stop(_ids: Any, _logits: Any) -> bool:
+        at = min((i for a in asks if (i := a()) is not None), default=None)
+        if at is not None and taken() - 1 >= at:
+            unsample()
+            return True
+        return False
+
+    criteria = llama_cpp.StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
     return {**kwargs, "stopping_criteria": criteria}
 
 
