@@ -27,6 +27,17 @@ def test_drift_needs_samples_and_a_real_departure() -> None:
     assert mon.ratio(0) == 1.0 and mon.snapshot()[0]["samples"] == 0
 
 
+def test_serving_cost_of_a_tiny_model_is_no_drift() -> None:
+    # a 10 µs model served at 0.15 ms (thread hand-off, cold caches): 15x, but no target's
+    # slowing, and no replan can remove it; it replanned every third request before
+    mon = Monitor(drift_threshold=0.5, alpha=0.5, min_samples=3)
+    mon.reset([0.01, 5.0])
+    for _ in range(20):
+        assert mon.observe([0.15, 5.2]) == []
+    assert mon.ratio(0) > 10
+    assert mon.observe([1.5, 5.0]) == [] and mon.observe([1.5, 5.0]) == [0]  # over 1 ms: drift
+
+
 def test_hysteresis() -> None:
     assert worth_switching(10.0, 9.0, 0.05)
     assert not worth_switching(10.0, 9.8, 0.05)
