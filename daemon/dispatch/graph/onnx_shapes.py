@@ -34,7 +34,7 @@ import onnx
 from onnx import helper
 
 from edgepilot.dispatch.graph.signature import Shapes, signature_of
-from edgepilot.errors import PlanError
+from edgepilot.errors import PlanError, UnrunnableModel
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +209,13 @@ def _measure(model: onnx.ModelProto, names: list[str],
         wanted = [o.name for o in sess.get_outputs() if o.name in set(names)]
         values = sess.run(wanted, dict(feed))
     except Exception as exc:
-        raise PlanError(f"cannot determine the shapes of {len(names)} tensors "
-                        f"(e.g. {names[0]!r}) by running the model: {exc}",
-                        field="model") from None
+        # the model ran and failed on its inputs: on generated ones, the planner adds which
+        # and where real samples go (a count or an index only its caller knows)
+        failed = UnrunnableModel(f"cannot determine the shapes of {len(names)} tensors "
+                                 f"(e.g. {names[0]!r}) by running the model: {exc}",
+                                 field="model")
+        failed.ran = True
+        raise failed from None
     found = {n: TensorInfo(v.dtype.name, tuple(v.shape))
              for n, v in zip(wanted, values, strict=True) if isinstance(v, np.ndarray)}
     return found, {n for n in wanted if n not in found}

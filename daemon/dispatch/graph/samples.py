@@ -84,7 +84,7 @@ class Samples:
         inputs among them (a size, an index, a shape only its caller knows): which, and
         where real samples go ("" otherwise)."""
         ints = [s.name for s in specs if s.name in self.rules and not _is_float(s.dtype)
-                and s.dtype != "bool"]
+                and s.dtype not in ("bool", "object")]
         if self.source != "generated" or not ints:
             return ""
         shown = ", ".join(f"{n!r} {self.rules[n]}" for n in ints)

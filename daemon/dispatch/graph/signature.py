@@ -10,6 +10,7 @@ one input's shape can settle the others.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import numpy as np
 
 from edgepilot.backends.base import TensorSpec
 from edgepilot.errors import PlanError
+
+log = logging.getLogger(__name__)
 
 Shapes = dict[str, tuple[int, ...]]
 # a dim larger than this is a typo, not a tensor an edge board will hold
@@ -69,7 +72,8 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
     ``defaults`` (a TFLite file's allocated shapes: what its interpreter runs unresized).
 
     Raises PlanError naming the input, the dim and where to set it when a dim stays unknown,
-    and naming both values when ``given`` contradicts a dim the model fixes.
+    and naming both values when ``given`` contradicts a dim the model fixes. A dim name shared
+    by inputs fills in those not given; given shapes that disagree on it are taken as given.
     """
     names = [s.name for s in specs]
     unknown = sorted(set(given) - set(names))
@@ -93,8 +97,12 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
                                 f"{want} in the model; the shape given says {got}",
                                 field="input_shape")
             if shared_symbol(want) and bound.setdefault(str(want), got) != got:
-                raise PlanError(f"model {model!r}: dim {want!r} is {bound[str(want)]} in one "
-                                f"input and {got} in {spec.name!r}", field="input_shape")
+                # exporters reuse a name for unrelated lengths (tf2onnx's "N" for a voice
+                # model's phonemes and its notes) and onnxruntime does not hold them equal:
+                # shapes given are taken as given; the name fills in only shapes not given
+                log.warning("model %s: dim %r is %d in one input and %d in %r, as given; "
+                            "onnxruntime decides whether the model takes that",
+                            model, want, bound[str(want)], got, spec.name)
         out[spec.name] = shape
     for spec in specs:
         if spec.name in out:
