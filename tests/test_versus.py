@@ -7,7 +7,15 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from edgepilot.dispatch.planning.versus import MIN_ROUNDS, RIVAL_WITHIN, ROUNDS, rival, versus
+from edgepilot.dispatch.planning.versus import (
+    LIGHT_MS,
+    MIN_ROUNDS,
+    RIVAL_WITHIN,
+    ROUNDS,
+    rival,
+    rivals,
+    versus,
+)
 
 FP32, INT4, ONE, INT8 = ("onnxruntime/cpu/fp32", "onnxruntime/cpu/int4",
                          "onnxruntime/cpu-1t/fp32", "onnxruntime/cpu/int8")
@@ -37,6 +45,21 @@ def test_no_rival_when_every_other_is_far_slower_over_tolerance_or_excluded() ->
     assert rival(builder({FP32: 1.0, ONE: 1.0}, excluded={ONE}), plan_on(FP32)) is None
     assert rival(builder({FP32: 1.0, INT4: 1.0}, twins={INT4: FP32}), plan_on(FP32)) is None
     assert rival(builder({ONE: 1.0}), plan_on(FP32)) is None  # the choice itself not timed
+
+
+def test_a_light_model_is_timed_against_every_other_whole_target() -> None:
+    """Profile timings of a 10 µs model are microseconds apart and one spell of load swaps
+    them (a tree ensemble's one-thread run read 0.155 ms, 8 µs side by side): every other
+    target within tolerance, not a twin nor excluded, is timed side by side, fastest first."""
+    light = {FP32: 0.01, ONE: 0.155, INT8: 0.02, INT4: 0.01}
+    b = builder(light, {INT8: 0.2}, {INT4: FP32})
+    assert rivals(b, plan_on(FP32)) == [ONE]  # int8 over tolerance, int4 the same model
+    b = builder({**light, INT8: 0.012})
+    assert rivals(b, plan_on(FP32)) == [INT4, INT8, ONE]
+    assert rivals(builder(light, excluded={ONE, INT8}), plan_on(FP32)) == [INT4]
+    # a heavier one keeps the close rival alone: a far slower profile timing is no accident
+    heavy = {FP32: 10 * LIGHT_MS, ONE: 30 * LIGHT_MS, INT8: 11 * LIGHT_MS}
+    assert rivals(builder(heavy), plan_on(FP32)) == [INT8]
 
 
 def _sleeper(seconds: float, calls: list[int]) -> Any:
