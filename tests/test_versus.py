@@ -58,6 +58,10 @@ def test_a_light_model_is_timed_against_every_other_whole_target() -> None:
     b = builder({**light, INT8: 0.012})
     assert rivals(b, plan_on(FP32)) == [INT4, INT8, ONE]
     assert rivals(builder(light, excluded={ONE, INT8}), plan_on(FP32)) == [INT4]
+    # a reference kernel at hundreds of ms a call is no timing accident (Arm NN's CpuRef)
+    slow = "armnn/CpuRef/fp32"
+    assert rivals(builder({**light, INT8: 0.012, slow: 370.0}), plan_on(FP32)) \
+        == [INT4, INT8, ONE]
     # a heavier one keeps the close rival alone: a far slower profile timing is no accident
     heavy = {FP32: 10 * LIGHT_MS, ONE: 30 * LIGHT_MS, INT8: 11 * LIGHT_MS}
     assert rivals(builder(heavy), plan_on(FP32)) == [INT8]

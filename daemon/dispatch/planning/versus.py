@@ -115,10 +115,11 @@ def rival(builder: CostBuilder, plan: Plan) -> str | None:
 def rivals(builder: CostBuilder, plan: Plan) -> list[str]:
     """The whole-model targets a plan is timed against side by side, in order: the best
     single target for a split; for a one-target plan its :func:`rival`, or, when the choice
-    runs under :data:`LIGHT_MS`, every other whole-model target within tolerance, fastest
-    first. A light model's profile timings are a few microseconds apart and one spell of
-    load swaps them (a 10 µs tree ensemble read 0.155 ms on the target that ran it in 8 µs),
-    while timing all of them side by side costs well under a second."""
+    runs under :data:`LIGHT_MS`, every other whole-model target within tolerance whose
+    profile timing is light too, fastest first. A light model's profile timings are a few
+    microseconds apart and one spell of load swaps them (a 10 µs tree ensemble read 0.155 ms
+    on the target that ran it in 8 µs), while timing all of them side by side costs well
+    under a second."""
     if len(plan.segments) > 1:
         best = builder.best_whole()
         return [best] if best is not None else []
@@ -131,9 +132,11 @@ def rivals(builder: CostBuilder, plan: Plan) -> list[str]:
     errors = builder.profile.extra.get("whole_error", {})
     twins = builder.profile.extra.get("whole_twins", {})
     same = {own, twins.get(own)} | {t for t, of in twins.items() if of == own}
+    # those light too: a reference kernel at 500 ms a call (Arm NN's CpuRef) is no timing
+    # accident, and five rounds of it held a 1 ms model's planning for a minute
     others = [t for t in builder.profile.targets if t not in same and t in whole
               and t not in builder.excluded and errors.get(t, 0.0) <= builder.tolerance
-              and twins.get(t) in (None, t)]
+              and twins.get(t) in (None, t) and whole[t] <= max(LIGHT_MS, RIVAL_WITHIN * mine)]
     return sorted(others, key=lambda t: whole[t])
 
 
