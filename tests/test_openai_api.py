@@ -460,7 +460,7 @@ def test_a_generation_whose_bytes_stop_being_utf8_ends_instead_of_crawling(
         client: openai.OpenAI, reference: Llama) -> None:
     # llama-cpp-python holds back every token after a byte no further byte makes UTF-8 and
     # retries all of them at each token: a request without a limit ran 20 minutes
-    from edgepilot.backends.llamacpp.runtime import HOLD_LIMIT
+    from edgepilot.backends.llamacpp.ending import HOLD_LIMIT
 
     bad = next(i for i in range(reference.n_vocab()) if reference.detokenize([i]) == b"\xbe")
     got = client.completions.create(model="tiny", prompt="the", temperature=0, max_tokens=200,

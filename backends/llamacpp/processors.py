@@ -3,7 +3,7 @@
 llama-cpp-python calls them in list order on each token's logits: ``logit_bias`` first (the
 recorded logprobs are those of the biased logits), the logprob recorder, then the check that
 ends a generation once cancelled or once its bytes stopped being UTF-8
-(:func:`~edgepilot.backends.llamacpp.runtime.cancellable`). The one-at-a-time and the parallel
+(:func:`~edgepilot.backends.llamacpp.ending.cancellable`). The one-at-a-time and the parallel
 executables both set them up here.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from edgepilot.backends.llamacpp.ending import cancellable
 from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
 from edgepilot.backends.llamacpp.logprobs import LogprobRecorder, with_logprobs
-from edgepilot.backends.llamacpp.runtime import cancellable
 
 
 def with_processors(params: dict[str, Any], llm: Any, cancel: threading.Event | None,
