@@ -60,7 +60,7 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
     try:
         gbnf = _convert(schema)
     except _CONVERTER_ERRORS as exc:
-        if not _has_ref(schema):
+        if not has_ref(schema):
             raise _cannot(field, exc) from None
         try:
             gbnf = _convert({"anyOf": [{"$ref": "#/$defs/schema"}],
@@ -113,7 +113,8 @@ def hoisted(schema: dict[str, Any], name: str) -> dict[str, Any]:
     return {name: rewrite(body), **{name + key: rewrite(v) for key, v in local.items()}}
 
 
-def _has_ref(schema: Any) -> bool:
+def has_ref(schema: Any) -> bool:
+    """Whether ``schema`` holds a ``$ref`` anywhere."""
     return "\"$ref\"" in json.dumps(schema)
 
 

@@ -27,6 +27,7 @@ from edgepilot.backends.base import GenerativeExecutable
 from edgepilot.backends.llamacpp.grammar import schema_grammar
 from edgepilot.errors import CommandError, ContextOverflow, NotFoundError
 from edgepilot.http.api import api_of
+from edgepilot.http.bodies import parse_json
 from edgepilot.http.client_gone import unless_client_leaves
 from edgepilot.http.ollama_models import digest_of, model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
@@ -51,7 +52,6 @@ from edgepilot.http.ollama_run import (
     parts,
     start,
 )
-from edgepilot.json_depth import MAX_DEPTH, too_deep
 from edgepilot.serving.generate import Generator
 from edgepilot.serving.tools import chat_template_of, tool_request
 
@@ -73,14 +73,7 @@ BODY = {"requestBody": {"required": True, "content": {"application/json": {
 
 
 async def _json(request: Request) -> Any:
-    raw = await request.body() or b"{}"
-    if too_deep(raw):
-        raise CommandError(f"request body is nested more than {MAX_DEPTH} levels deep",
-                           field="body")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CommandError(f"request body is not valid JSON ({exc})", field="body") from None
+    return parse_json(await request.body() or b"{}")
 
 
 def _generator(request: Request) -> Generator:

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgepilot.backends.llamacpp.grammar import grammar_of, hoisted, schema_gbnf
+from edgepilot.backends.llamacpp.grammar import grammar_of, has_ref, hoisted, schema_gbnf
 from edgepilot.errors import CommandError
 from edgepilot.formats.gguf_info import read_gguf_info
 from edgepilot.serving.registry import ModelRegistry
@@ -157,7 +157,7 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     # call's root and miss
     defs: dict[str, Any] = {}
     for i, (_, schema) in enumerate(declared):
-        if '"$ref"' in json.dumps(schema):
+        if has_ref(schema):
             defs.update(hoisted(schema, f"tool{i}"))
     call: dict[str, Any] = {"anyOf": [
         {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
