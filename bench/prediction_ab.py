@@ -29,7 +29,8 @@ from real_models import CORPUS
 import edgepilot.dispatch.measuring.measure as measure_mod
 from edgepilot.backends.base import Target
 from edgepilot.config import Config
-from edgepilot.dispatch.measuring.measure import Cell, Measurer
+from edgepilot.dispatch.measuring.cells import Cell
+from edgepilot.dispatch.measuring.measure import Measurer
 from edgepilot.dispatch.measuring.timing import MIN_TIMED_MS, median_ms
 
 OLD: dict[str, float] = {}

@@ -217,6 +217,10 @@ class DispatchSection(Section):
     profile_passes: int = Field(
         2, ge=1, le=10, description="Passes over all (layer, target) cells when profiling; "
         "each cell keeps its lowest median (load on a shared board only adds time).")
+    planning_budget_s: float = Field(
+        90.0, ge=0, le=86400, description="Seconds a model's planning aims to fit in: a model "
+        "whose per-layer profile would take over half of it (a multi-second TTS run on five "
+        "targets) is planned whole, each target timed on the whole model (0 = no budget).")
     kernel_corpus: bool = Field(
         True, description="Predict layers' roofline_ms from a per-board kernel corpus "
         "(synthetic one-operator models timed once per target after the daemon's first plan, "

@@ -71,6 +71,12 @@ class UnrunnableModel(ModelError):
     # cause), not only refused to load it
     ran = False
 
+    def with_hint(self, hint: str) -> UnrunnableModel:
+        """The same error with ``hint`` (what to do about it) appended."""
+        again = UnrunnableModel(self.message + hint, field=self.field)
+        again.ran = self.ran
+        return again
+
 
 class PlanError(EdgepilotError):
     """The dispatcher could not build, check or apply a plan."""

@@ -14,8 +14,8 @@ from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
 from edgepilot.dispatch.measuring import calibration
 from edgepilot.dispatch.measuring.calibration import Calibration, Observation
+from edgepilot.dispatch.measuring.cells import Cell, LatencyTable
 from edgepilot.dispatch.measuring.hops import pair_costs
-from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.dispatch.planning.cache import PlanCache
 from edgepilot.dispatch.planning.plan import CostBuilder

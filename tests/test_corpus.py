@@ -14,7 +14,7 @@ import pytest
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
-from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
+from edgepilot.dispatch.measuring.cells import Cell, LatencyTable
 from edgepilot.dispatch.planning.corpus import CorpusStore, KernelSpec, default_sweep, layer_ops
 from edgepilot.dispatch.planning.kernels import (
     KernelPoint,

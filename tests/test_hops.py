@@ -11,8 +11,9 @@ import pytest
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import Partition, partition
+from edgepilot.dispatch.measuring.cells import Cell, LatencyTable
 from edgepilot.dispatch.measuring.hops import hop_kind, pair_costs
-from edgepilot.dispatch.measuring.measure import Cell, LatencyTable, Measurer
+from edgepilot.dispatch.measuring.measure import Measurer
 from edgepilot.dispatch.planning.choice import choose, measure_hops
 from edgepilot.dispatch.planning.plan import CostBuilder
 from edgepilot.dispatch.planning.planner import CostTable, solve

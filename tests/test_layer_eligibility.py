@@ -7,7 +7,7 @@ from pathlib import Path
 import dispatch_fixtures
 
 from edgepilot.dispatch.graph.partition import partition
-from edgepilot.dispatch.measuring.measure import Cell, LatencyTable
+from edgepilot.dispatch.measuring.cells import Cell, LatencyTable
 from edgepilot.dispatch.planning.plan import CostBuilder
 
 mlp_path = dispatch_fixtures.mlp_path

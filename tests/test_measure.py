@@ -13,7 +13,8 @@ import pytest
 from edgepilot.backends.base import Backend, Executable, Segment, Support, Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
-from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer
+from edgepilot.dispatch.measuring.cells import LatencyTable
+from edgepilot.dispatch.measuring.measure import Measurer
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 from edgepilot.formats import onnx_gen
 

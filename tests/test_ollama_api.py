@@ -340,6 +340,21 @@ def test_embeddings_equal_llamacpp_mean_pooled(client: ollama.Client,
     oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
     data = oa.embeddings.create(model="smol", input=texts).data
     np.testing.assert_allclose([d.embedding for d in data], got.embeddings, atol=1e-6)
+    # shortened embeddings are unit vectors again (OpenAI's and Ollama's are): a dot product
+    # of truncated ones was no cosine similarity
+    cut = np.asarray(got.embeddings[0][:8])
+    short = [oa.embeddings.create(model="smol", input=texts[0], dimensions=8).data[0].embedding,
+             client.embed(model="smol", input=texts[0], dimensions=8).embeddings[0]]
+    for vec in short:
+        np.testing.assert_allclose(vec, cut / np.linalg.norm(cut), atol=1e-6)
+    size = len(got.embeddings[0])
+    with pytest.raises(openai.BadRequestError, match=f"dimensions.*allowed 1..{size}"):
+        oa.embeddings.create(model="smol", input=texts[0], dimensions=size + 1)
+    # LangChain's OpenAIEmbeddings sends up to 1000 texts at once (OpenAI takes 2048)
+    many = oa.embeddings.create(model="smol", input=["a b"] * 300).data
+    assert len(many) == 300 and many[299].index == 299
+    with pytest.raises(openai.BadRequestError, match=r"allowed 1\.\.2048"):
+        oa.embeddings.create(model="smol", input=["a"] * 2049)
     # generation after embedding still answers as before (the context is back to generating)
     assert client.generate(model="smol", prompt="hi", options={"num_predict": 3}).eval_count
 

@@ -345,3 +345,35 @@ def test_a_lazy_partition_writes_its_graph_when_a_partial_segment_needs_it(
     assert again.graph_path is not None and not again.graph_path.exists()
     assert again.segment(1, 2).model_path == again.graph_path and again.graph_path.is_file()
     assert onnx.load(str(again.graph_path)) == onnx.load(str(eager.graph_path))
+
+
+def test_the_shape_probe_runs_in_memory_sized_parts_with_the_same_result(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tensor a probe run exposes stays alive to its end (Kokoro TTS: 13 GB in one run);
+    in parts of what the memory available holds, the shapes found are the same."""
+    import sys
+
+    from edgepilot.dispatch.graph import onnx_shapes
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from real_models import by_name
+
+    model = onnx.load(str(by_name("ppocr-rec").path))
+    onnx_shapes.fix_inputs(model, {"x": (1, 3, 48, 160)})
+    names = [t for n in model.graph.node for t in n.output if t]
+    feed = {"x": np.random.default_rng(0).random((1, 3, 48, 160), dtype=np.float32)}
+    whole, nbytes = onnx_shapes._probe(model, names, feed)
+    assert nbytes > 0 and len(whole) == len(names)
+    runs: list[int] = []
+    probe = onnx_shapes._probe
+
+    def counted(*args: object) -> tuple[dict[str, object], int]:
+        runs.append(len(args[1]))  # type: ignore[arg-type]
+        return probe(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(onnx_shapes, "_probe", counted)
+    monkeypatch.setattr(onnx_shapes, "FIRST_PROBE", 40)
+    monkeypatch.setattr(onnx_shapes, "PROBE_SHARE", 1e-12)  # memory for the fewest at a time
+    found, opaque = onnx_shapes._measure(model, names, feed)
+    assert len(runs) > 2 and runs[0] == 40 and sum(runs) == len(names)
+    assert found == {n: i for n, i in whole.items() if i is not None} and not opaque

@@ -279,6 +279,18 @@ def test_pydantic_tools_and_recursive_schemas_with_their_defs(oa: openai.OpenAI)
     parsed = calls[0].function.parsed_arguments  # the SDK's own parse into the model
     assert isinstance(parsed, SetDevice) and isinstance(parsed.area, Area)
     assert parsed.power in (Power.on, Power.off)
+    # an agent loop sends the parsed answer back as it came: the SDK's ``parsed`` and
+    # ``parsed_arguments`` ride along (a 400 "Extra inputs are not permitted" before)
+    echoed = got.choices[0].message
+    assert "parsed_arguments" in echoed.model_dump()["tool_calls"][0]["function"]
+    after = oa.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Turn the lamp in the hall on."},
+                                echoed,  # type: ignore[list-item]
+                                {"role": "tool", "tool_call_id": calls[0].id, "content": "ok"},
+                                {"role": "assistant", "content": "", "reasoning_content": "."},
+                                {"role": "user", "content": "thanks"}],
+        max_tokens=4, temperature=0)
+    assert after.choices[0].message.role == "assistant"
     # a recursive model: its schema's root is a $ref (or refers to itself)
     for schema in (Node.model_json_schema(),
                    {"type": "object", "required": ["name"], "properties": {

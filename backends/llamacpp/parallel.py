@@ -254,9 +254,12 @@ class LlamaBatchExecutable(LlamaExecutable):
             yield
         except ValueError as exc:
             share = self._engine.n_ctx_seq if self._engine is not None else self.n_ctx
-            kind = ContextOverflow if "context window" in str(exc) else CommandError
+            over = "context window" in str(exc)
+            kind = ContextOverflow if over else CommandError
+            what = f"the request exceeds the available context size ({exc})" if over \
+                else str(exc)
             raise kind(
-                f"llama.cpp refused the request: {exc}; each of the {self.parallel} parallel "
+                f"llama.cpp refused the request: {what}; each of the {self.parallel} parallel "
                 f"sequences holds {share} tokens of the context: shorten the input, or raise "
                 "n_ctx or lower [backends.llamacpp] parallel", field=field) from None
 

@@ -319,6 +319,9 @@ def refused_as_bad_request(field: str) -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
-        kind = ContextOverflow if "context window" in str(exc) else CommandError
-        raise kind(f"llama.cpp refused the request: {exc}; shorten the input or raise "
+        over = "context window" in str(exc)
+        kind = ContextOverflow if over else CommandError
+        # llama.cpp's server words it so; litellm and others map that to a context error
+        what = f"the request exceeds the available context size ({exc})" if over else str(exc)
+        raise kind(f"llama.cpp refused the request: {what}; shorten the input or raise "
                    "n_ctx ([backends.llamacpp] or the model's n_ctx)", field=field) from None

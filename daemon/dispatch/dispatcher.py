@@ -191,14 +191,13 @@ class Dispatcher:
                 self._models.move_to_end((name, sig))
                 return found
         d = self.config.dispatch
-        calib_dir = d.calibration_dir
-        if calib_dir is not None and not calib_dir.is_absolute():
-            calib_dir = self.config.model_dir / calib_dir
+        calib_dir = d.calibration_dir and self.config.model_dir / d.calibration_dir
         opts = DispatchOptions(tolerance=tol if tol is not None else d.tolerance,
                                metric=d.metric, runs=d.profile_runs, warmup=d.warmup_runs,
                                drift_threshold=d.drift_threshold, hysteresis=d.hysteresis,
                                calibration_inputs=d.calibration_inputs, max_layers=d.max_layers,
-                               passes=d.profile_passes, calibration_dir=calib_dir)
+                               passes=d.profile_passes, calibration_dir=calib_dir,
+                               planning_budget_s=d.planning_budget_s)
         targets = available_targets(self.backends, d.targets)
         if not targets:
             raise PlanError("no inference backend is available; run `edgepilot doctor`",

@@ -26,8 +26,9 @@ from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, open_dims_hint, signature_of
+from edgepilot.dispatch.measuring.cells import LatencyTable
 from edgepilot.dispatch.measuring.digest import tensors_sha256
-from edgepilot.dispatch.measuring.measure import LatencyTable, Measurer, Progress
+from edgepilot.dispatch.measuring.measure import Measurer, Progress
 from edgepilot.dispatch.measuring.output_check import OutputCheck
 from edgepilot.dispatch.measuring.timing import plan_timing
 from edgepilot.dispatch.options import DispatchOptions
@@ -65,12 +66,10 @@ class ModelDispatch:
         self.recent = recent or (lambda: ())
         self.samples: Samples | None = None
         self.key_parts = dict(key_parts or {})
-        self.freqs, self.budgets = dict(freqs or {}), dict(budgets or {})
-        self.progress = progress
+        self.freqs, self.budgets, self.progress = dict(freqs or {}), dict(budgets or {}), progress
         self.emit = emit or (lambda kind, **fields: None)
-        self.monitor = Monitor(opts.drift_threshold)
-        self.from_cache = False
-        self._lock = threading.RLock()
+        self.monitor, self.from_cache, self._lock = Monitor(opts.drift_threshold), False, \
+            threading.RLock()
         self.part: Partition | None = None
         self.builder: CostBuilder | None = None
         self.plan: Plan | None = None
@@ -78,10 +77,12 @@ class ModelDispatch:
         self.reference: Target | None = None
         self.calibration: list[dict[str, np.ndarray]] = []
         self.check = OutputCheck([], opts.metric)
-        self.segment_ms: list[float] = []  # each segment of the last plan made, timed
-        self.fastest: list[float] = []  # its fastest run, end to end then per segment
+        # each segment of the last plan made, timed; its fastest run, end to end then per segment
+        self.segment_ms: list[float] = []
+        self.fastest: list[float] = []
         self.published: dict[str, Any] | None = None  # a plan adopted on a shell partition
-        self.spare: Executable | None = None  # the reference's, when the plan runs on it
+        self.spare: Executable | None = None  # an open whole model the plan may run on
+        self.budget_end: float | None = None  # a model planned whole: its budget's end
         self.recovery = Recovery(self._readmit, opts.reprobe_s)
 
     def prepare(self, reprofile: bool = False) -> Plan:
@@ -110,18 +111,18 @@ class ModelDispatch:
         try:
             got = begin(shared if not reprofile else None, self.key_parts, self.path, kind,
                         self.shapes, self.backends, self.targets, self.calibration,
-                        cache_dir=self.graph_dir, max_layers=self.opts.max_layers)
+                        cache_dir=self.graph_dir, max_layers=self.opts.max_layers,
+                        budget_s=self.opts.planning_budget_s)
         except UnrunnableModel as exc:  # at shapes or values no one chose: say which, and how
             hint = open_dims_hint(self.path, specs, self.shapes) + (
                 samples.generated_hint(specs, self.name) if exc.ran else "")
             if not hint:
                 raise
-            again = UnrunnableModel(exc.message + hint, field=exc.field)
-            again.ran = exc.ran
-            raise again from None
+            raise exc.with_hint(hint) from None
         part, ref, adopted, self.spare = got.part, got.ref, got.adopted, got.spare
-        self.part, self.targets, self.reference, self.published = \
-            part, got.targets, ref, got.shell_of
+        self.budget_end = started + self.opts.planning_budget_s if got.budgeted else None
+        self.part, self.targets, self.reference, self.published = part, got.targets, ref, \
+            got.shell_of
         self.check = OutputCheck(self.calibration, self.opts.metric, got.ref_outputs,
                                  got.outputs_of, got.vouched)
         layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
@@ -134,29 +135,32 @@ class ModelDispatch:
         cached = self.cache.load(self.name, key) if self.cache and not reprofile else None
         adopted, cached = (None, cached) if cached else (adopted, adopted)  # own cache first
         self.from_cache = cached is not None
-        forced: dict[int, str] = {}
+        forced = {int(k): str(v) for k, v in (cached or {}).get("forced", {}).items()}
         if cached is not None:
             profile = LatencyTable.from_dict(cached["profile"])
-            forced = {int(k): v for k, v in cached.get("forced", {}).items()}
         else:
-            measurer = Measurer(part, self.backends, self.targets, ref, self.calibration,
-                                runs=self.opts.runs, warmup=self.opts.warmup,
-                                metric=self.opts.metric, progress=self.progress,
-                                passes=self.opts.passes)
-            profile = measurer.table()
+            o = self.opts  # the spare is the measurer's now: it hands the fastest back
+            measurer, self.spare = Measurer(
+                part, self.backends, self.targets, ref, self.calibration, runs=o.runs,
+                warmup=o.warmup, metric=o.metric, progress=self.progress, passes=o.passes,
+                ref_outputs=got.ref_outputs, ref_ms=got.ref_ms, opened=self.spare,
+                tolerance=o.tolerance, first_input_only=got.budgeted), None
+            try:
+                profile = measurer.table()
+            finally:  # the fastest whole model within tolerance, open
+                self.spare = measurer.take_spare()
             profile.freqs = dict(self.freqs)
             profile.extra["merged"] = got.merges
-        self.builder = CostBuilder(part, profile, self.opts.tolerance, forced=forced,
-                                   freqs=dict(self.freqs), budgets=dict(self.budgets),
-                                   split_margin=self.opts.hysteresis,
-                                   kernels=corpus_fits(self.corpus, self.targets,
-                                                       self.progress))
+        self.builder = CostBuilder(
+            part, profile, self.opts.tolerance, forced=forced, freqs=dict(self.freqs),
+            budgets=dict(self.budgets), split_margin=self.opts.hysteresis,
+            kernels=corpus_fits(self.corpus, self.targets, self.progress))
         if cached is None:  # the kinds of hop its choice makes, measured where it makes them
             measure_hops(self.builder, measurer.hop, self.progress)
-        plan, compiled = self._build("fleet" if adopted else "cache" if self.from_cache
-                                     else "reprofile" if reprofile else "initial",
-                                     published_segments(adopted) if adopted else None,
-                                     adopted["plan"]["layers"] if adopted else None)
+        plan, compiled = self._build(
+            "fleet" if adopted else "cache" if self.from_cache else "reprofile" if reprofile
+            else "initial", *((published_segments(adopted), adopted["plan"]["layers"])
+                              if adopted else (None, None)))
         spent = plan.planning_s = round(time.monotonic() - started, 3)
         if adopted and shared and not shared.adopt(
                 adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
@@ -166,8 +170,8 @@ class ModelDispatch:
                "forced": {str(k): v for k, v in self.builder.forced.items()},
                "plan": plan.as_dict(), "model_sha256": part.model_hash,
                "signature": self.signature, "layers": layers, "targets": targets,
-               "segment_ms": self.segment_ms, "planning_s": round(spent, 3),
-               "fastest_ms": self.fastest or None,
+               "segment_ms": self.segment_ms, "planning_s": spent, "fastest_ms": self.fastest
+               or None,
                # what lets a board of this kind skip building the reference (digest.py)
                "inputs_sha256": tensors_sha256(self.calibration),
                "outputs_sha256": self.check.digest_of(compiled)}
@@ -225,7 +229,8 @@ class ModelDispatch:
         # a published plan was checked side by side where it was made (``given``)
         single = None if keep else single_instead(
             self.name, self.builder, self.part, plan, compiled, self.backends,
-            self.calibration[0], self.opts.hysteresis, self.check_error, self.progress)
+            self.calibration[0], self.opts.hysteresis, self.check_error, self.progress,
+            self.budget_end)
         if single:  # timed side by side above; alone for the fastest run it publishes
             self.segment_ms = [single[0].measured_ms or 0.0]
             self.fastest = self._time(single[1], settle=True)[2]
@@ -280,8 +285,7 @@ class ModelDispatch:
             return True, plan
 
     def _predictions(self, table: CostTable) -> list[float]:
-        assert self.compiled is not None
-        assert self.builder is not None
+        assert self.compiled is not None and self.builder is not None
         return self.builder.segment_predictions(
             table, [(s.target, s.start, s.end) for s in self.compiled.segments])
 
@@ -289,7 +293,7 @@ class ModelDispatch:
         """A DVFS profile or thermal change: re-predict at the new clocks and replan."""
         with self._lock:
             self.freqs = dict(freqs)
-            if self.builder is not None:
+            if self.builder is not None:  # its own copy
                 self.builder.freqs = dict(freqs)
             return self.replan(reason)
 
@@ -301,9 +305,7 @@ class ModelDispatch:
         lock for seconds in a worker thread (the two attributes are swapped together by
         ``_install`` and a request that sees the old pair finishes on it)."""
         compiled, plan = self.compiled, self.plan
-        if compiled is None or plan is None:
-            return None
-        return compiled, plan
+        return None if compiled is None or plan is None else (compiled, plan)
 
     def attempts(self) -> int:
         """How many times a request is tried: once per target that may be excluded, plus one."""
@@ -380,8 +382,7 @@ class ModelDispatch:
             seg = self.compiled.segments[k]
             ratio = self.monitor.ratio(k)
             self.builder.factors[seg.target] = self.builder.factors.get(seg.target, 1.0) * ratio
-            log.info("model %s: segment %d on %s drifted (x%.2f)", self.name, k, seg.target,
-                     ratio)
+            log.info("model %s: segment %d on %s drifted (x%.2f)", self.name, k, seg.target, ratio)
         self.replan("drift")
 
     # ---- explain ------------------------------------------------------------------------------

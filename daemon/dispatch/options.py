@@ -20,5 +20,6 @@ class DispatchOptions:
     calibration_inputs: int = 2
     max_layers: int = 48
     passes: int = 2
+    planning_budget_s: float = 90.0  # see measuring/budget.py (0: none)
     calibration_dir: Path | None = None
     reprobe_s: float = 5.0  # first retry of a target excluded after a fault

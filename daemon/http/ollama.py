@@ -29,6 +29,7 @@ from edgepilot.errors import CommandError, ContextOverflow, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.bodies import parse_json
 from edgepilot.http.client_gone import unless_client_leaves
+from edgepilot.http.embedding_shape import shortened
 from edgepilot.http.ollama_models import digest_of, model_details, show_info, tag_of
 from edgepilot.http.ollama_request import (
     ChatBody,
@@ -253,8 +254,7 @@ async def embed(request: Request) -> Any:
                 "total_duration": time.perf_counter_ns() - started}
     vectors, load_ns, count = await _embed(request, name, texts,
                                            keep_alive_seconds(body.keep_alive), body.truncate)
-    if body.dimensions is not None:
-        vectors = [v[:body.dimensions] for v in vectors]
+    vectors = shortened(vectors, body.dimensions)
     return {"model": name, "embeddings": vectors, "total_duration":
             time.perf_counter_ns() - started, "load_duration": load_ns,
             "prompt_eval_count": count}

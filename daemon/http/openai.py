@@ -28,6 +28,7 @@ from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.client_gone import unless_client_leaves
+from edgepilot.http.embedding_shape import count_ok, shortened
 from edgepilot.http.openai_models import (
     ChatRequest,
     CompletionRequest,
@@ -197,11 +198,9 @@ async def _sse(items: AsyncGenerator[Any, None], name: str, include_usage: bool,
 @router.post("/v1/embeddings", summary="OpenAI embeddings (GGUF models, L2-normalised)")
 async def embeddings(req: EmbeddingRequest, request: Request) -> Any:
     texts = [req.input] if isinstance(req.input, str) else [str(t) for t in req.input]
-    if not 1 <= len(texts) <= 256:
-        raise CommandError(f"input has {len(texts)} texts; allowed 1..256", field="input")
+    count_ok(len(texts))
     vectors, tokens = await _generator(request).embed(req.model, texts)
-    if req.dimensions is not None:
-        vectors = [v[:req.dimensions] for v in vectors]
+    vectors = shortened(vectors, req.dimensions)
     return {"object": "list", "model": req.model,
             "data": [{"object": "embedding", "index": i,
                       "embedding": v if req.encoding_format == "float" else base64.b64encode(

@@ -38,6 +38,8 @@ class TextPart(_Strict):
 class CallFunction(_Strict):
     name: str = Field(min_length=1, max_length=256)
     arguments: str = Field(max_length=1 << 20, description="The arguments as a JSON string.")
+    # the OpenAI SDK's ``.parse()`` adds it to each call; an agent loop sends it back
+    parsed_arguments: Any = Field(None, description="Accepted and ignored.")
 
 
 class ToolCall(_Strict):
@@ -58,6 +60,10 @@ class ChatMessage(_Strict):
     refusal: str | None = Field(None, max_length=1 << 16, description="Accepted and ignored.")
     annotations: list[Any] | None = Field(None, max_length=0, description="Accepted empty.")
     audio: None = Field(None, description="Accepted as null (no audio).")
+    # the SDK's ``.parse()`` result and a reasoning model's thoughts (DeepSeek, vLLM, LiteLLM)
+    parsed: Any = Field(None, description="Accepted and ignored.")
+    reasoning_content: str | None = Field(None, max_length=1 << 20,
+                                          description="Accepted and ignored.")
     function_call: CallFunction | None = Field(None, description="An assistant's earlier call "
                                                "in the deprecated ``functions`` form.")
 
@@ -261,9 +267,10 @@ class CompletionRequest(Sampling):
 class EmbeddingRequest(_Strict):
     model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
     input: Texts = Field(
-        description="A text or up to 256 texts (token ids are refused: they are tokenizer-"
+        description="A text or up to 2048 texts (token ids are refused: they are tokenizer-"
                     "specific).")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes, base64-encoded.")
-    dimensions: int | None = Field(None, ge=1, description="Keep the first N dimensions.")
+    dimensions: int | None = Field(None, ge=1, description="Keep the first N dimensions "
+                                   "(normalised to unit length again).")
     user: str | None = Field(None, max_length=256)

@@ -186,11 +186,42 @@ def _collect(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     return found
 
 
+# the tensors a probe run exposes first; then as many as PROBE_SHARE of the memory available
+# holds at the bytes per tensor seen so far. Every exposed tensor stays alive to the run's end:
+# Kokoro TTS's thousands of intermediate tensors in one run took 13 GB.
+FIRST_PROBE = 512
+PROBE_SHARE = 0.25
+
+
 def _measure(model: onnx.ModelProto, names: list[str],
              feed: Mapping[str, np.ndarray]) -> tuple[dict[str, TensorInfo], set[str]]:
-    """Run ``model`` once with ``names`` exposed as outputs: the dtypes and shapes of those
-    that are tensors, and the names of those that are not (a sequence's list of tensors, an
-    absent optional), which have neither."""
+    """Run ``model`` with ``names`` exposed as outputs, as few runs as memory allows (see
+    :data:`FIRST_PROBE`): the dtypes and shapes of those that are tensors, and the names of
+    those that are not (a sequence's list of tensors, an absent optional), which have
+    neither."""
+    import psutil
+
+    found: dict[str, TensorInfo] = {}
+    opaque: set[str] = set()
+    todo, size, seen_bytes = list(names), FIRST_PROBE, 0
+    while todo:
+        part, todo = todo[:size], todo[size:]
+        got, nbytes = _probe(model, part, feed)
+        found.update({n: i for n, i in got.items() if i is not None})
+        opaque.update(n for n, i in got.items() if i is None)
+        seen_bytes += nbytes
+        per = max(1.0, seen_bytes / max(1, len(found) + len(opaque)))
+        size = max(FIRST_PROBE, int(PROBE_SHARE * psutil.virtual_memory().available / per))
+        if todo:
+            log.info("shape probe: %d tensors left, %d a run (%.0f KB each so far)",
+                     len(todo), size, per / 1024)
+    return found, opaque
+
+
+def _probe(model: onnx.ModelProto, names: list[str], feed: Mapping[str, np.ndarray]
+           ) -> tuple[dict[str, TensorInfo | None], int]:
+    """One probe run: each of ``names`` as a :class:`TensorInfo` (None: no tensor), and the
+    bytes they took."""
     import onnxruntime as ort
 
     probe = onnx.ModelProto()
@@ -216,9 +247,10 @@ def _measure(model: onnx.ModelProto, names: list[str],
                                  field="model")
         failed.ran = True
         raise failed from None
-    found = {n: TensorInfo(v.dtype.name, tuple(v.shape))
-             for n, v in zip(wanted, values, strict=True) if isinstance(v, np.ndarray)}
-    return found, {n for n in wanted if n not in found}
+    out: dict[str, TensorInfo | None] = {
+        n: TensorInfo(v.dtype.name, tuple(v.shape)) if isinstance(v, np.ndarray) else None
+        for n, v in zip(wanted, values, strict=True)}
+    return out, sum(v.nbytes for v in values if isinstance(v, np.ndarray))
 
 
 def _opaque(model: onnx.ModelProto, tensors: Mapping[str, TensorInfo]) -> frozenset[str]:

@@ -241,6 +241,13 @@ def merge_layers(part: Partition, first: int) -> None:
     part.layers = layers_of(part.nodes, ranges, part.outputs, part.tensor_bytes)
 
 
+def merge_all(part: Partition) -> None:
+    """Join every layer into one (in place): the model planned whole."""
+    if len(part.layers) > 1:
+        ranges = [(part.layers[0].start, part.layers[-1].end)]
+        part.layers = layers_of(part.nodes, ranges, part.outputs, part.tensor_bytes)
+
+
 def merge_to(part: Partition, names: Sequence[str]) -> bool:
     """Merge adjacent layers of ``part`` (in place) until their names are ``names``: the
     layers a board of the same kind ended with after merging those its reference could not

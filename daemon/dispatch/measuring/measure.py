@@ -14,14 +14,20 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
 from edgepilot.backends.base import Backend, Executable, Segment, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
+from edgepilot.dispatch.measuring.cells import (
+    Cell,
+    LatencyTable,
+    exclusions,
+    non_finite,
+    row_bound,
+)
 from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
 from edgepilot.dispatch.measuring.runnable import owned
@@ -40,49 +46,6 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int, str], None]
 
 
-@dataclass
-class Cell:
-    """One (layer, target) measurement; ``ms`` None = not supported (``reason`` says why)."""
-
-    ms: float | None
-    error: float | None = None
-    memory: int = 0
-    reason: str = ""
-    # the target whose compiled segment this one's is, byte for byte, on the same device (an
-    # int4 recipe of a graph with no MatMul changes nothing): its figures, not timed again
-    same_as: str | None = None
-
-
-@dataclass
-class LatencyTable:
-    """All measurements of one model on one board, serialisable into the plan cache."""
-
-    targets: list[str]
-    reference: str
-    cells: list[dict[str, Cell]]
-    overhead_ms: dict[str, float]
-    bandwidth_bytes_per_ms: float
-    freqs: dict[str, float] = field(default_factory=dict)  # device -> kHz when measured
-    metric: str = "rel_l2"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["cells"] = [{t: asdict(c) for t, c in row.items()} for row in self.cells]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LatencyTable:
-        data = dict(data)
-        data["cells"] = [{t: Cell(**c) for t, c in row.items()} for row in data["cells"]]
-        return cls(**data)
-
-
-# early elimination: after this many timed runs, a candidate this many times slower than the
-# best one measured for the same layer cannot change the decision and is timed no further (nor
-# timed again in a later pass); its median of those runs stands. A cell 1.5x its layer's best
-# is chosen only where hops cost over half the layer, and then the plan stays on one target.
-EARLY_FACTOR = 1.5
 # a first run this many times over the bound ends a cell before its warm-up and timed runs
 # (a cold first run may be a few times slower than a warm one, not this much: 9x the best)
 COLD_FACTOR = 6.0
@@ -95,51 +58,22 @@ LOSER_FACTOR = 2.0
 SLOW_INPUT_FACTOR = 3.0  # see Measurer.error_envs
 
 
-def non_finite(out: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> str | None:
-    """The first output holding NaN/inf where the reference's same tensor holds none."""
-    for name, value in out.items():
-        arr = np.asarray(value)
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
-            want = np.asarray(ref.get(name, np.zeros(1)))
-            if want.dtype.kind not in "fc" or np.isfinite(want).all():
-                return name
-    return None
-
-
-def _bound(row: Mapping[str, Cell]) -> float | None:
-    """EARLY_FACTOR times the fastest timing in ``row`` so far (None: nothing timed yet)."""
-    timed = [c.ms for c in row.values() if c.ms is not None]
-    return EARLY_FACTOR * min(timed) if timed else None
-
-
-def exclusions(cells: list[dict[str, Cell]], whole: Mapping[str, Cell]) -> list[dict[str, Any]]:
-    """Every (layer range, target) that could not run, with its one-line reason: consecutive
-    layers failing on one target for one reason are one entry; the whole model is
-    ``[0, n)``."""
-    out: list[dict[str, Any]] = []
-    for i, row in enumerate(cells):
-        for target, cell in row.items():
-            if cell.ms is not None:
-                continue
-            prev = next((e for e in out if e["target"] == target and e["layers"][1] == i
-                         and e["reason"] == cell.reason), None)
-            if prev is not None:
-                prev["layers"][1] = i + 1
-            else:
-                out.append({"layers": [i, i + 1], "target": target, "reason": cell.reason})
-    n = len(cells)
-    out.extend({"layers": [0, n], "target": t, "reason": c.reason}
-               for t, c in whole.items() if c.ms is None and n > 1)
-    return out
-
-
 class Measurer:
     """Times a partition's layers on targets; see the module docstring for the method."""
 
     def __init__(self, part: Partition, backends: Mapping[str, Backend], targets: list[Target],
                  reference: Target, calibration: list[dict[str, np.ndarray]], *,
                  runs: int = 7, warmup: int = 2, metric: str = "rel_l2",
-                 progress: Progress | None = None, passes: int = 2) -> None:
+                 progress: Progress | None = None, passes: int = 2,
+                 ref_outputs: list[dict[str, np.ndarray]] | None = None,
+                 ref_ms: list[float] | None = None, opened: Executable | None = None,
+                 tolerance: float | None = None, first_input_only: bool = False) -> None:
+        """``ref_outputs``/``ref_ms``: the reference's whole-model outputs and run times on
+        ``calibration`` (a one-layer model's reference pass, not run again); ``opened``: its
+        whole-model executable, open (timed, not built again); ``tolerance``: the fastest
+        whole model within it stays open for the plan (:meth:`take_spare`);
+        ``first_input_only``: whole models' errors on the first calibration input only (the
+        plan's check runs them all), for a model planned whole within the budget."""
         if not calibration:
             raise PlanError("profiling needs at least one calibration input", field="calibration")
         self.part = part
@@ -157,6 +91,9 @@ class Measurer:
         # (target, start, end) -> digest of the compiled segment (for Cell.same_as)
         self._digests: dict[tuple[str, int, int], str] = {}
         self.whole_cpu_ms: dict[str, float] = {}  # CPU ms a whole-model run took (plan_ms)
+        self._ref_outputs, self._ref_ms = ref_outputs, list(ref_ms or [])
+        self._opened, self.tolerance, self.first_only = opened, tolerance, first_input_only
+        self._spare: tuple[Executable, float] | None = None  # (executable, its ms)
 
     def compile(self, start: int, end: int, target: Target) -> Executable:
         backend = self.backends.get(target.backend)
@@ -166,6 +103,11 @@ class Measurer:
 
     def reference_envs(self) -> list[dict[str, np.ndarray]]:
         """Every tensor of the fp32 reference run, per calibration input."""
+        if self._ref_envs is None and self._ref_outputs is not None and \
+                len(self.part.layers) == 1:
+            self._ref_envs = [{**feed, **out} for feed, out in
+                              zip(self.calibration, self._ref_outputs, strict=True)]
+            self._env_ms = self._ref_ms or [0.0] * len(self._ref_envs)
         if self._ref_envs is None:
             # one layer's session alive at a time, its outputs copied out of its arena
             envs = [dict(feed) for feed in self.calibration]
@@ -191,6 +133,8 @@ class Measurer:
         # (a light model's first pass is its sessions' cold start, no measure of its input)
         keep = [env for env, ms in zip(envs, self._env_ms, strict=True)
                 if ms <= SLOW_INPUT_FACTOR * cheapest or cheapest < HEAVY_MS]
+        if self.first_only:
+            keep = keep[:1]
         if len(keep) < len(envs):
             log.debug("calibration inputs ran %s ms: cells checked on %d", self._env_ms,
                       len(keep))
@@ -209,8 +153,11 @@ class Measurer:
         support = backend.supports(seg, target)
         if not support:
             return Cell(None, reason=support.reason or "not supported")
+        whole = (start, end) == (0, len(self.part.layers))
+        opened, self._opened = (self._opened, None) if as_plan and whole and \
+            self._opened is not None and self._opened.target == target else (None, self._opened)
         try:
-            exe = backend.compile(seg, target)
+            exe = opened or backend.compile(seg, target)
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
         digest = getattr(exe, "model_sha256", "")
@@ -223,45 +170,79 @@ class Measurer:
             cell = (row or {})[twin]
             return Cell(cell.ms, cell.error, cell.memory, same_as=twin)
         self._digests[(str(target), start, end)] = digest
+        cell = Cell(None)
         try:
-            envs = self.error_envs()
-            names = seg.outputs
-            err, first_ms = 0.0, float("inf")
-            for env in envs:
-                t0 = time.perf_counter()
-                out = exe.run(env)
-                first_ms = min(first_ms, (time.perf_counter() - t0) * 1e3)
-                bad = non_finite(out, env)
-                if bad:
-                    return Cell(None, reason=f"non-finite values in output {bad!r} where the "
-                                             "reference's are finite")
-                err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
-                if bound_ms is not None and (
-                        first_ms > COLD_FACTOR * bound_ms
-                        or (first_ms > LOSER_FACTOR * bound_ms and first_ms >= HEAVY_MS)):
-                    # one run COLD_FACTOR x over the bound (a cold first run may be a few
-                    # times slower than a warm one, not this much), or LOSER_FACTOR x where
-                    # it was heavy (a light one's calibration runs are no figure: Silero VAD
-                    # on one thread ran them 3x its warm runs): a reference-kernel target or
-                    # a slow int8 is not run on the other inputs, warmed up and timed; its
-                    # error is this input's
-                    return Cell(first_ms, err, exe.memory_bytes)
-            if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
-                # a heavy whole model over the bound is no best single target: its warm
-                # calibration run is figure enough to calibrate its segments. A light one's
-                # first runs are no figure (Silero VAD on one thread: 0.38 ms, 0.11 ms warm).
-                return Cell(first_ms, err, exe.memory_bytes)
-            if as_plan:
-                return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
-            feed = self.reference_envs()[0]
-            # the calibration runs above warmed it up (a light one's first is no warm-up)
-            warm = max(0, self.warmup - len(envs) + (first_ms < HEAVY_MS))
-            ms = median_ms(lambda: exe.run(feed), self.runs, warm, MIN_TIMED_MS, bound_ms)
-            return Cell(ms, err, exe.memory_bytes)
+            if opened is not None:  # the reference's own: its outputs are the reference's
+                cell = Cell(self.plan_ms(start, end, target, seg, exe), 0.0, exe.memory_bytes)
+            else:
+                cell = self._run(exe, seg, target, bound_ms, as_plan)
+            return cell
         except EdgepilotError as exc:
             return Cell(None, reason=exc.message)
         finally:
-            exe.close()
+            if not (as_plan and whole and self._hold(exe, cell)):
+                exe.close()
+
+    def _run(self, exe: Executable, seg: Segment, target: Target, bound_ms: float | None,
+             as_plan: bool) -> Cell:
+        """:meth:`measure` of a compiled segment: its error, then its timing."""
+        envs = self.error_envs()
+        names = seg.outputs
+        err, first_ms = 0.0, float("inf")
+        for env in envs:
+            t0 = time.perf_counter()
+            out = exe.run(env)
+            first_ms = min(first_ms, (time.perf_counter() - t0) * 1e3)
+            bad = non_finite(out, env)
+            if bad:
+                return Cell(None, reason=f"non-finite values in output {bad!r} where the "
+                                         "reference's are finite")
+            err = max(err, output_error(out, {k: env[k] for k in names}, self.metric))
+            if bound_ms is not None and (
+                    first_ms > COLD_FACTOR * bound_ms
+                    or (first_ms > LOSER_FACTOR * bound_ms and first_ms >= HEAVY_MS)):
+                # one run COLD_FACTOR x over the bound (a cold first run may be a few times
+                # slower than a warm one, not this much), or LOSER_FACTOR x where it was
+                # heavy (a light one's calibration runs are no figure: Silero VAD on one
+                # thread ran them 3x its warm runs): a reference-kernel target or a slow int8
+                # is not run on the other inputs, warmed up and timed; its error is this
+                # input's
+                return Cell(first_ms, err, exe.memory_bytes)
+        if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
+            # a heavy whole model over the bound is no best single target: its warm
+            # calibration run is figure enough to calibrate its segments. A light one's
+            # first runs are no figure (Silero VAD on one thread: 0.38 ms, 0.11 ms warm).
+            return Cell(first_ms, err, exe.memory_bytes)
+        if as_plan:
+            start, end = seg.layers or (0, len(self.part.layers))
+            return Cell(self.plan_ms(start, end, target, seg, exe), err, exe.memory_bytes)
+        feed = self.reference_envs()[0]
+        # the calibration runs above warmed it up (a light one's first is no warm-up)
+        warm = max(0, self.warmup - len(envs) + (first_ms < HEAVY_MS))
+        return Cell(median_ms(lambda: exe.run(feed), self.runs, warm, MIN_TIMED_MS, bound_ms),
+                    err, exe.memory_bytes)
+
+    def _hold(self, exe: Executable, cell: Cell) -> bool:
+        """Keep ``exe`` (a whole model) open as the plan's when it is the fastest within
+        tolerance so far; False: it is not (the caller closes it)."""
+        if self.tolerance is None or cell.ms is None or cell.error is None \
+                or cell.error > self.tolerance or cell.same_as is not None:
+            return False
+        if self._spare is not None:
+            if self._spare[1] <= cell.ms:
+                return False
+            self._spare[0].close()
+        self._spare = (exe, cell.ms)
+        return True
+
+    def take_spare(self) -> Executable | None:
+        """The fastest whole model within tolerance, open (see ``__init__``), now the
+        caller's; the reference's executable, if it was never timed, is closed."""
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+        spare, self._spare = self._spare, None
+        return spare[0] if spare is not None else None
 
     def plan_ms(self, start: int, end: int, target: Target, seg: Segment,
                 exe: Executable) -> float:
@@ -307,25 +288,27 @@ class Measurer:
         """
         n = len(self.part.layers)
         names = [str(t) for t in self.targets]
-        total = n * len(self.targets) * self.passes + 2 * len(self.targets)
+        # one layer is the whole model: timed once, as a plan, and its row is the whole's
+        one = n == 1
+        total = (0 if one else n * len(self.targets) * self.passes) + 2 * len(self.targets)
         done = 0
         self.reference_envs()
         cells: list[dict[str, Cell]] = []
         crawlers = Crawlers(str(self.reference))
-        for i, layer in enumerate(self.part.layers):
+        for i, layer in enumerate(self.part.layers if not one else []):
             row: dict[str, Cell] = {}
             for target in self.targets:
                 skip = crawlers.reason(str(target))
                 row[str(target)] = Cell(None, reason=skip) if skip else \
-                    self.measure(i, i + 1, target, _bound(row), row=row)
+                    self.measure(i, i + 1, target, row_bound(row), row=row)
                 done += 1
                 if self.progress:
                     self.progress(done, total, f"{layer.name} on {target}")
             crawlers.saw({t: c.ms for t, c in row.items()})
             cells.append(row)
-        for _ in range(1, self.passes):
+        for _ in range(1, self.passes if not one else 1):
             for i, row in enumerate(cells):
-                bound = _bound(row)
+                bound = row_bound(row)
                 for target in self.targets:
                     cell = row[str(target)]
                     if cell.same_as is not None:
@@ -340,31 +323,23 @@ class Measurer:
                     if self.progress:
                         self.progress(done, total, f"{self.part.layers[i].name} on {target} "
                                       "(again)")
+        whole_cells = self._whole_cells(crawlers, done, total)
+        done += len(self.targets)
+        if one:
+            cells = [{t: replace(c) for t, c in whole_cells.items()}]
         overhead: dict[str, float] = {}
         for target in self.targets:
             # a target over the early bound on every layer wins none: its per-call cost
             # (two merged pairs, timed) cannot change the plan
-            timed = [(ms, _bound(row)) for row in cells
+            timed = [(ms, row_bound(row)) for row in cells
                      if (ms := row[str(target)].ms) is not None]
             losing = bool(timed) and all(ms > (bound or float("inf")) for ms, bound in timed)
             twins = [same for row in cells if (same := row[str(target)].same_as) in overhead]
-            overhead[str(target)] = 0.0 if losing else overhead[twins[0]] if twins \
+            overhead[str(target)] = 0.0 if losing or one else overhead[twins[0]] if twins \
                 else self.measure_overhead(target, cells)
             done += 1
             if self.progress:
                 self.progress(done, total, f"hop overhead of {target}")
-        # each target's whole model, timed end to end as its plan's check times it (one
-        # median over SETTLE_MS, not the lower of several short ones: see timing.py); how a
-        # compiled segment compares with the sum of its layers (fusion, cache) is calibrated
-        # from these (see calibration.py), and a single-target plan is predicted by them
-        whole_cells: dict[str, Cell] = {}
-        for target in self.targets:
-            skip = crawlers.reason(str(target))
-            whole_cells[str(target)] = Cell(None, reason=skip) if skip else \
-                self.measure(0, n, target, _bound(whole_cells), as_plan=True, row=whole_cells)
-            done += 1
-            if self.progress:
-                self.progress(done, total, f"whole model on {target}")
         for t, c in whole_cells.items():
             if c.same_as in self.whole_cpu_ms:
                 self.whole_cpu_ms[t] = self.whole_cpu_ms[c.same_as]
@@ -377,6 +352,24 @@ class Measurer:
                                    "whole_twins": {t: c.same_as for t, c in whole_cells.items()
                                                    if c.same_as},
                                    "excluded": exclusions(cells, whole_cells)})
+
+    def _whole_cells(self, crawlers: Crawlers, done: int, total: int) -> dict[str, Cell]:
+        """Each target's whole model, timed end to end as its plan's check times it (one
+        median over SETTLE_MS, not the lower of several short ones: see timing.py); how a
+        compiled segment compares with the sum of its layers (fusion, cache) is calibrated
+        from these (see calibration.py), and a single-target plan is predicted by them. The
+        reference first when its executable is open: the others are bounded by its figure."""
+        n = len(self.part.layers)
+        whole_cells: dict[str, Cell] = {}
+        first = self._opened.target if self._opened is not None else None
+        for target in sorted(self.targets, key=lambda t: t != first):
+            skip = crawlers.reason(str(target))
+            whole_cells[str(target)] = Cell(None, reason=skip) if skip else \
+                self.measure(0, n, target, row_bound(whole_cells), as_plan=True, row=whole_cells)
+            done += 1
+            if self.progress:
+                self.progress(done, total, f"whole model on {target}")
+        return {str(t): whole_cells[str(t)] for t in self.targets}
 
     def hop(self, src: str, dst: str, cut: int) -> float | None:
         """What a hop from ``src`` to ``dst`` before layer ``cut`` costs (``hops.py``)."""

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from edgepilot.backends.base import Backend, Executable, Target
-from edgepilot.dispatch.graph.partition import Partition, merge_layers
+from edgepilot.dispatch.graph.partition import Partition, merge_all, merge_layers
+from edgepilot.dispatch.measuring.budget import whole_only
 from edgepilot.errors import EdgepilotError, PlanError, UnrunnableModel
 
 log = logging.getLogger(__name__)
@@ -33,11 +36,39 @@ def owned(out: Mapping[str, np.ndarray]) -> Feed:
     return {k: np.array(v) for k, v in out.items()}
 
 
+@dataclass
+class Reference:
+    """The reference found for a model: what planning starts from."""
+
+    target: Target
+    outputs: list[Feed]        # its outputs on the calibration inputs
+    merges: list[str]          # why layers were merged (it could not run them alone; budget)
+    ms: list[float]            # its run of each calibration input (the first one cold)
+    # its whole-model executable, open, when the model is one layer (its timing reuses it)
+    spare: Executable | None = None
+    budgeted: bool = False     # merged into one layer for the planning budget (budget.py)
+
+
 def reference_for(part: Partition, backends: Mapping[str, Backend], targets: list[Target],
-                  feeds: Sequence[Feed]) -> tuple[Target, list[Feed], list[str]]:
-    """The reference target, its outputs on ``feeds``, and the layer merges it needed."""
-    ref, outputs, _ = pick_reference(part, backends, _candidates(part, targets), feeds)
-    return ref, outputs, runnable_layers(part, backends[ref.backend], ref, feeds[0])
+                  feeds: Sequence[Feed], budget_s: float = 0.0) -> Reference:
+    """The reference target, its outputs on ``feeds``, and the layer merges it needed; a
+    model whose per-layer profile the planning budget cannot pay for is merged into one layer
+    (``budget.py``)."""
+    ms: list[float] = []
+    ref, outputs, exe = pick_reference(part, backends, _candidates(part, targets), feeds,
+                                       keep=True, ms=ms)
+    assert exe is not None
+    why = whole_only(ms, len(part.layers), len(targets), budget_s)
+    if why is not None:
+        log.info("%s: %s", part.model_path.name, why)
+        merge_all(part)
+        merges = [why]
+    else:
+        merges = runnable_layers(part, backends[ref.backend], ref, feeds[0])
+    if len(part.layers) > 1:
+        exe.close()
+        return Reference(ref, outputs, merges, ms)
+    return Reference(ref, outputs, merges, ms, exe, why is not None)
 
 
 def _candidates(part: Partition, targets: list[Target]) -> list[Target]:
@@ -84,10 +115,11 @@ def published_reference(part: Partition, backends: Mapping[str, Backend],
 
 
 def pick_reference(part: Partition, backends: Mapping[str, Backend],
-                   candidates: Sequence[Target], feeds: Sequence[Feed], keep: bool = False
+                   candidates: Sequence[Target], feeds: Sequence[Feed], keep: bool = False,
+                   ms: list[float] | None = None
                    ) -> tuple[Target, list[Feed], Executable | None]:
     """The first candidate that runs the whole model, its outputs on ``feeds``, and (``keep``)
-    its executable, open."""
+    its executable, open; ``ms`` is filled with its run of each feed."""
     reasons: list[tuple[str, str]] = []
     ran = False
     for target in candidates:
@@ -98,7 +130,12 @@ def pick_reference(part: Partition, backends: Mapping[str, Backend],
             exe = backend.compile(part.segment(0, len(part.layers)), target)
             kept, ran = None, True
             try:
-                outputs = [owned(exe.run(dict(feed))) for feed in feeds]
+                outputs = []
+                for feed in feeds:
+                    t0 = time.perf_counter()
+                    outputs.append(owned(exe.run(dict(feed))))
+                    if ms is not None:
+                        ms.append((time.perf_counter() - t0) * 1e3)
                 kept = exe if keep else None
                 return target, outputs, kept
             finally:

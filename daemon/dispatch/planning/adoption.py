@@ -62,6 +62,8 @@ class Start:
     # the published plan's outputs digest and output error, when they stand for the check
     vouched: tuple[str, float] | None = None
     outputs_of: Callable[[], list[Feed]] = field(default=lambda: [])
+    ref_ms: list[float] = field(default_factory=list)  # the reference's run of each input
+    budgeted: bool = False  # planned whole for the planning budget (measuring/budget.py)
 
     @property
     def shell_of(self) -> dict[str, Any] | None:
@@ -71,10 +73,12 @@ class Start:
 
 def begin(exchange: PlanExchange | None, parts: Mapping[str, Any], path: Path, kind: ModelKind,
           shapes: Shapes, backends: Mapping[str, Backend], targets: Sequence[Target],
-          feeds: Sequence[Feed], *, cache_dir: Path | None, max_layers: int) -> Start:
+          feeds: Sequence[Feed], *, cache_dir: Path | None, max_layers: int,
+          budget_s: float = 0.0) -> Start:
     """Partition the model for ``shapes`` (``partition``'s ``cache_dir`` and ``max_layers``),
-    then adopt from ``exchange`` (None: plan here) or find the reference. A published plan
-    running the whole ONNX file is adopted on a shell partition, the model not cut."""
+    then adopt from ``exchange`` (None: plan here) or find the reference (``budget_s``: the
+    planning budget, ``measuring/budget.py``). A published plan running the whole ONNX file
+    is adopted on a shell partition, the model not cut."""
     make = functools.partial(partition, path, kind, shapes=shapes, cache_dir=cache_dir,
                              feed=feeds[0], max_layers=max_layers, lazy=True)
     part, signature = None, signature_of(shapes)
@@ -83,16 +87,17 @@ def begin(exchange: PlanExchange | None, parts: Mapping[str, Any], path: Path, k
     if doc is not None and whole_file(doc):
         part = shell(path, files.sha256_of(path), shapes, doc["layers"], make)
     try:
-        return _begin(exchange, parts, signature, part or make(), backends, targets, feeds)
+        return _begin(exchange, parts, signature, part or make(), backends, targets, feeds,
+                      budget_s)
     except LayerMismatch as exc:  # only a shell raises it: refused, as a real cut would be
         assert exchange is not None and doc is not None
         exchange.drop(doc, exc.message, model_sha256=files.sha256_of(path))
-        return _begin(exchange, parts, signature, make(), backends, targets, feeds)
+        return _begin(exchange, parts, signature, make(), backends, targets, feeds, budget_s)
 
 
 def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: str,
            part: Partition, backends: Mapping[str, Backend], targets: Sequence[Target],
-           feeds: Sequence[Feed]) -> Start:
+           feeds: Sequence[Feed], budget_s: float = 0.0) -> Start:
     # keep every target of a backend that takes this kind of model: one that covers only
     # some layers (a delegate) is a planning fact, used for the layers it covers
     here = [t for t in targets if t.backend in backends and covers_any(backends[t.backend],
@@ -107,8 +112,11 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
                                                  feeds, str(ref))
         return start
     if part.make_real is not None:  # a shell whose plan was refused (its one event): cut it
-        return _begin(None, parts, signature, part.make_real(), backends, targets, feeds)
-    return Start(part, here, None, *reference_for(part, backends, here, feeds))
+        return _begin(None, parts, signature, part.make_real(), backends, targets, feeds,
+                      budget_s)
+    found_ref = reference_for(part, backends, here, feeds, budget_s)
+    return Start(part, here, None, found_ref.target, found_ref.outputs, found_ref.merges,
+                 found_ref.spare, ref_ms=found_ref.ms, budgeted=found_ref.budgeted)
 
 
 def adoptable(exchange: PlanExchange, parts: Mapping[str, Any], part: Partition,

@@ -139,9 +139,15 @@ def _figures(figures: Sequence[Any] | None, n: int) -> list[float | None] | None
 def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, Backend],
                  plan: Plan, spare: Executable | None = None) -> CompiledPlan:
     """One executable per segment of ``plan``, each with its calibrated prediction. ``spare``:
-    the reference's executable of the whole model, used (not built again) when the plan is
-    the whole model on the reference (an adopted plan; closed otherwise)."""
+    an open executable of the whole model (the reference's for an adopted plan, the fastest
+    whole model the profile timed), used (not built again) when the plan is the whole model
+    on its target; closed first otherwise (two big models' sessions are not held at once)."""
     table = builder.table()
+    if spare is not None and not any((s, e) == (0, len(part.layers)) and
+                                     spare.target == Target.parse(t)
+                                     for t, s, e in plan.segments):
+        spare.close()
+        spare = None
     segs = []
     for (target, s, e), pred in zip(plan.segments,
                                     builder.segment_predictions(table, plan.segments),

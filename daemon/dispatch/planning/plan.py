@@ -20,8 +20,8 @@ from typing import Any
 from edgepilot.backends.base import Target
 from edgepilot.dispatch.graph.partition import Layer, Partition
 from edgepilot.dispatch.measuring.calibration import Calibration, Observation
+from edgepilot.dispatch.measuring.cells import LatencyTable
 from edgepilot.dispatch.measuring.hops import pair_costs
-from edgepilot.dispatch.measuring.measure import LatencyTable
 from edgepilot.dispatch.planning import costmodel
 from edgepilot.dispatch.planning.corpus import layer_ops
 from edgepilot.dispatch.planning.costmodel import LinearCost, Roofline, Sample

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgepilot.board.board import Board
-from edgepilot.dispatch.measuring.measure import LatencyTable
+from edgepilot.dispatch.measuring.cells import LatencyTable
 
 log = logging.getLogger(__name__)
 

@@ -144,15 +144,25 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                    compiled: CompiledPlan, backends: Mapping[str, Backend],
                    feed: dict[str, np.ndarray], margin: float,
                    check: Callable[[CompiledPlan], float],
-                   progress: Progress | None = None) -> tuple[Plan, CompiledPlan] | None:
+                   progress: Progress | None = None,
+                   deadline: float | None = None) -> tuple[Plan, CompiledPlan] | None:
     """The best single target's plan when ``plan`` does not beat it side by side (None: keep
     ``plan``; its ``versus_single`` records the timing either way). Each of :func:`rivals`
-    is timed against what won so far."""
+    is timed against what won so far. ``deadline`` (``time.monotonic()``): the planning
+    budget's end; a side by side that would run past it is not made (a model planned whole
+    for the budget, whose rounds take seconds each)."""
     if margin < 0:
         return None  # a negative margin keeps any split (tests pinning one)
     best: tuple[Plan, CompiledPlan] | None = None
+    whole = builder.profile.extra.get("whole_ms", {})
     for target in rivals(builder, plan):
         current, running = best or (plan, compiled)
+        need_s = (1 + 2 * MIN_ROUNDS) * max(whole.get(target, 0.0), current.predicted_ms) / 1e3
+        if deadline is not None and time.monotonic() + need_s > deadline:
+            current.versus_single = {"target": target, "kept": "plan", "skipped":
+                                     f"~{need_s:.0f} s side by side, past [dispatch] "
+                                     "planning_budget_s"}
+            continue
         won = _challenge(name, builder, part, current, running, target, backends, feed,
                          margin, check, progress)
         if won is not None:

@@ -1,0 +1,126 @@
+"""``[dispatch] planning_budget_s``: a model whose per-layer profile the budget cannot pay for
+is planned whole (issue 16, goal 4: a TTS model at 4-5 s a run planned for 4-7 minutes).
+
+On real exports (a Paddle ONNX recognizer, a MediaPipe fp16-weight TFLite file), served by the
+daemon over HTTP with a budget no per-layer profile fits in: the plan is one layer, its notes
+say why and name the setting, every target's whole model was timed, and the answers are within
+tolerance of the raw runtime. A budget of 0 is none; a negative one is refused naming the key.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from daemon_proc import DaemonProcess
+from real_models import by_name
+
+from edgepilot.dispatch.graph.partition import partition
+from edgepilot.dispatch.measuring.budget import whole_only
+
+MODELS = {"ppocr-rec": {"x": (1, 3, 48, 320)}, "hand-landmark": {}}
+
+
+def feed_for(name: str) -> dict[str, np.ndarray]:
+    model = by_name(name)
+    rng = np.random.default_rng(1)
+    if model.suffix == ".onnx":
+        shape = MODELS[name]["x"]
+        return {"x": rng.random(shape, dtype=np.float32)}
+    from ai_edge_litert.interpreter import Interpreter
+
+    d = Interpreter(model_path=str(model.path)).get_input_details()[0]
+    return {d["name"]: rng.random(tuple(d["shape"]), dtype=np.float32)}
+
+
+def raw(name: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    model = by_name(name)
+    if model.suffix == ".onnx":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(model.path), providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, feed), strict=True))
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=str(model.path))
+    interp.allocate_tensors()
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], feed[d["name"]])
+    interp.invoke()
+    return {d["name"]: interp.get_tensor(d["index"]).copy()
+            for d in interp.get_output_details()}
+
+
+def test_the_estimate_plans_a_multi_second_model_whole_and_a_light_one_per_layer() -> None:
+    # Kokoro-82M int8: 4.5 s a run, 22 layers, five targets: ~99 s of per-layer profile
+    why = whole_only([9000.0, 4500.0], 22, 5, 90.0)
+    assert why is not None and "planning_budget_s (90 s)" in why and "~99 s" in why
+    assert whole_only([300.0, 110.0], 22, 5, 90.0) is None      # a DBNet detector
+    assert whole_only([9000.0, 4500.0], 22, 5, 0.0) is None     # no budget
+    assert whole_only([9000.0, 4500.0], 22, 5, 400.0) is None   # a budget that pays for it
+    assert whole_only([9000.0], 1, 5, 90.0) is None             # one layer already
+    assert whole_only([9000.0], 22, 1, 90.0) is None            # one target: nothing to split
+
+
+def test_a_model_over_the_budget_is_planned_whole_and_served_within_tolerance(
+        tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in MODELS:
+        m = by_name(name)
+        shutil.copy(m.path, models / f"{name}{m.suffix}")
+        shapes = {k: tuple(v) for k, v in MODELS[name].items()} or None
+        assert len(partition(m.path, shapes=shapes).layers) > 1  # cut per layer otherwise
+    cfg = (f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{models}"\n'
+           "[dispatch]\nkernel_corpus = false\nprofile_runs = 3\nwarmup_runs = 1\n"
+           "planning_budget_s = 0.001\n")
+    d = DaemonProcess(tmp_path, cfg, extra_args=["--model-dir", str(models)]).start(timeout=120)
+    try:
+        for name in MODELS:
+            feed = feed_for(name)
+            body = infer(d, name, feed)
+            deadline = time.monotonic() + 300
+            while body["plan"].startswith("single:") and time.monotonic() < deadline:
+                time.sleep(1.0)
+                body = infer(d, name, feed)
+            code, plan = d.request("GET", f"/v1/plan/{name}")
+            assert code == 200 and plan["hash"] == body["plan"], (plan, d.output()[-3000:])
+            assert len(plan["layers"]) == 1 and len(plan["segments"]) == 1, plan["layers"]
+            note = " ".join(plan["merged"])
+            assert "planned whole" in note and "planning_budget_s" in note, plan["merged"]
+            ref = raw(name, feed)
+            got = {n: np.asarray(o["data"], dtype=o["dtype"]).reshape(o["shape"])
+                   for n, o in infer(d, name, feed)["outputs"].items()}
+            assert set(got) == set(ref)
+            for out, value in ref.items():
+                a, b = got[out].astype(np.float64), value.astype(np.float64)
+                err = np.linalg.norm(a - b) / max(float(np.linalg.norm(b)), 1e-12)
+                assert err <= 0.05, (name, out, err)
+    finally:
+        d.stop()
+
+
+def infer(d: DaemonProcess, name: str, feed: dict[str, np.ndarray]) -> dict[str, Any]:
+    body = {"inputs": {n: {"data": a.ravel().tolist(), "dtype": str(a.dtype),
+                           "shape": list(a.shape)} for n, a in feed.items()}}
+    code, answer = d.request("POST", f"/v1/infer/{name}", body, timeout=120)
+    assert code == 200, answer
+    return answer
+
+
+@pytest.mark.parametrize("value", ["-1", '"soon"'])
+def test_a_bad_budget_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
+    cfg = tmp_path / "edgepilot.toml"
+    cfg.write_text(f"[dispatch]\nplanning_budget_s = {value}\n[mqtt]\nenabled = false\n")
+    out = subprocess.run([sys.executable, "-m", "edgepilot", "--config", str(cfg),
+                          "--state-dir", str(tmp_path / "st"), "doctor"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "planning_budget_s" in out.stderr + out.stdout
