@@ -211,7 +211,10 @@ def _measure(model: onnx.ModelProto, names: list[str],
         opaque.update(n for n, i in got.items() if i is None)
         seen_bytes += nbytes
         per = max(1.0, seen_bytes / max(1, len(found) + len(opaque)))
-        size = max(FIRST_PROBE, int(PROBE_SHARE * psutil.virtual_memory().available / per))
+        # at most twice the last part: the first tensors are a model's smallest (a TTS
+        # model's audio-length ones come late), so their mean is no bound for the rest
+        size = max(FIRST_PROBE, min(2 * size, int(
+            PROBE_SHARE * psutil.virtual_memory().available / per)))
         if todo:
             log.info("shape probe: %d tensors left, %d a run (%.0f KB each so far)",
                      len(todo), size, per / 1024)
