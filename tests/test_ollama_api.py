@@ -59,6 +59,8 @@ def test_list_show_version(client: ollama.Client) -> None:
     smol = models["smol"]
     assert smol.details is not None and smol.details.family == "llama"
     assert smol.details.format == "gguf" and smol.size == smollm2_gguf().stat().st_size
+    # what the file was made as (general.file_type 3) and its size label, as Ollama shows them
+    assert (smol.details.quantization_level, smol.details.parameter_size) == ("Q4_1", "135M")
     shown = client.show("smol")
     assert shown.modelinfo is not None
     assert shown.modelinfo["general.architecture"] == "llama"

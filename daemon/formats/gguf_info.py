@@ -46,6 +46,8 @@ class GgufInfo:
     chat_template: str | None
     block_bytes: int = 0  # bytes of the ``blk.N.*`` tensors (what offloading a block moves)
     pooling: int = 0  # llama.cpp's pooling type: > 0 for an embedding model (1 mean, 2 cls, ...)
+    file_type: str = ""  # the quantization the file was made with (``general.file_type``)
+    size_label: str = ""  # its parameter count as its maker wrote it ("135M")
 
     def kv_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:
         """KV cache size for ``n_ctx`` tokens (padded as llama.cpp pads it)."""
@@ -117,4 +119,16 @@ def _parse_info(path: Path) -> GgufInfo:
         weights_bytes=sum(t.n_bytes for t in header.tensors),
         weight_type=weight_type, chat_template=fields.get("tokenizer.chat_template"),
         block_bytes=sum(t.n_bytes for t in header.tensors if t.name.startswith("blk.")),
-        pooling=int(fields.get(f"{arch}.pooling_type", 0) or 0))
+        pooling=int(fields.get(f"{arch}.pooling_type", 0) or 0),
+        file_type=FILE_TYPES.get(fields.get("general.file_type", -1), ""),
+        size_label=str(fields.get("general.size_label", "") or ""))
+
+
+# llama.cpp's ``llama_ftype`` names, as Ollama shows a file's quantization (a Q4_K_M file's
+# most common tensor type is Q5_0 or Q6_K on some layers' mix, not what it was made as)
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
+              16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S",
+              22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M",
+              28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0",
+              37: "TQ2_0"}

@@ -32,7 +32,8 @@ def model_details(path: Path, kind: str) -> dict[str, Any]:
         except ModelError:
             return details
         details.update(family=info.arch, families=[info.arch],
-                       quantization_level=info.weight_type.upper())
+                       quantization_level=info.file_type or info.weight_type.upper(),
+                       parameter_size=info.size_label)
     return details
 
 
