@@ -87,6 +87,9 @@ class Partition:
     # yet (graph/shell.py); this makes the real partition, on the first need of the layers'
     # contents (``real``)
     make_real: Callable[[], Partition] | None = field(default=None, repr=False, compare=False)
+    # state kept inside the runtime between calls (a TFLite file's variable tensors): every
+    # check starts from a freshly built one, never from a session that ran before
+    stateful: bool = False
 
     def real(self) -> None:
         """Make a shell the real partition (in place; nothing for a real one): the model's own
@@ -314,6 +317,7 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     graph_path: Path | None = None
     pending: ConcreteGraph | None = None
     signatures: dict[str, Any] | None = None
+    stateful = False
     if kind == "onnx":
         from edgepilot.dispatch.graph.onnx_layers import nodes_of
         from edgepilot.dispatch.graph.onnx_shapes import concrete_graph
@@ -354,7 +358,8 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         served, keys = signature_keys(path)
         if len(keys) > 1:
             signatures = {"served": served, "others": [k for k in keys if k != served]}
-        if any(n.op in STATEFUL_TFLITE_OPS for n in nodes) or has_variable_tensors(path):
+        stateful = any(n.op in STATEFUL_TFLITE_OPS for n in nodes) or has_variable_tensors(path)
+        if stateful:
             # resource variables live in one interpreter and CALL_ONCE initialises them all;
             # variable tensors (an LSTM's state kept between invokes) live in it too: a
             # streaming model runs whole, and the plan picks its best target
@@ -366,7 +371,8 @@ def partition(path: Path, kind: ModelKind | None = None, *,
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
                      list(nodes), sizes, dict(shapes or {}), graph_path,
-                     pending if lazy else None, signatures=signatures)
+                     pending if lazy else None, signatures=signatures,
+                     stateful=kind == "tflite" and stateful)
 
 
 def covers_any(backend: Backend, part: Partition, target: Target) -> bool:

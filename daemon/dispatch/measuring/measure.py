@@ -225,7 +225,7 @@ class Measurer:
     def _hold(self, exe: Executable, cell: Cell) -> bool:
         """Keep ``exe`` (a whole model) open as the plan's when it is the fastest within
         tolerance so far; False: it is not (the caller closes it)."""
-        if self.tolerance is None or cell.ms is None or cell.error is None \
+        if self.tolerance is None or self.part.stateful or cell.ms is None or cell.error is None \
                 or cell.error > self.tolerance or cell.same_as is not None:
             return False
         if self._spare is not None:

@@ -65,7 +65,7 @@ def reference_for(part: Partition, backends: Mapping[str, Backend], targets: lis
         merges = [why]
     else:
         merges = runnable_layers(part, backends[ref.backend], ref, feeds[0])
-    if len(part.layers) > 1:
+    if len(part.layers) > 1 or part.stateful:
         exe.close()
         return Reference(ref, outputs, merges, ms)
     return Reference(ref, outputs, merges, ms, exe, why is not None)
