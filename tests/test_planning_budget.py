@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from daemon_proc import DaemonProcess
 from real_models import by_name
+from test_real_models import raw_outputs
 
 from edgepilot.dispatch.graph.partition import partition
 from edgepilot.dispatch.measuring.budget import whole_only
@@ -37,25 +38,6 @@ def feed_for(name: str) -> dict[str, np.ndarray]:
 
     d = Interpreter(model_path=str(model.path)).get_input_details()[0]
     return {d["name"]: rng.random(tuple(d["shape"]), dtype=np.float32)}
-
-
-def raw(name: str, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    model = by_name(name)
-    if model.suffix == ".onnx":
-        import onnxruntime as ort
-
-        sess = ort.InferenceSession(str(model.path), providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, feed), strict=True))
-    from ai_edge_litert.interpreter import Interpreter
-
-    interp = Interpreter(model_path=str(model.path))
-    interp.allocate_tensors()
-    for d in interp.get_input_details():
-        interp.set_tensor(d["index"], feed[d["name"]])
-    interp.invoke()
-    return {d["name"]: interp.get_tensor(d["index"]).copy()
-            for d in interp.get_output_details()}
 
 
 def test_the_estimate_plans_a_multi_second_model_whole_and_a_light_one_per_layer() -> None:
@@ -95,7 +77,7 @@ def test_a_model_over_the_budget_is_planned_whole_and_served_within_tolerance(
             assert len(plan["layers"]) == 1 and len(plan["segments"]) == 1, plan["layers"]
             note = " ".join(plan["merged"])
             assert "planned whole" in note and "planning_budget_s" in note, plan["merged"]
-            ref = raw(name, feed)
+            ref = raw_outputs(by_name(name), feed)  # the runtime a user would run instead
             got = {n: np.asarray(o["data"], dtype=o["dtype"]).reshape(o["shape"])
                    for n, o in infer(d, name, feed)["outputs"].items()}
             assert set(got) == set(ref)
