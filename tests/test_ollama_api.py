@@ -228,6 +228,25 @@ def test_a_prompt_over_the_context_is_400_naming_num_ctx(client: ollama.Client,
     assert client.chat(model="smol", messages=MESSAGES, options=GREEDY).message.content
 
 
+def test_a_conversation_longer_than_the_context_leaves_out_its_oldest_messages(
+        client: ollama.Client) -> None:
+    # a chat front end's long history: Ollama keeps the system messages and the latest ones
+    # that fit, where a 400 would end the conversation
+    assert client.generate(model="smol", prompt="", keep_alive=0).done_reason == "unload"
+    history = [{"role": "system", "content": "You are an edge board."}]
+    for i in range(12):
+        history += [{"role": "user", "content": f"question {i} " + "word " * 60},
+                    {"role": "assistant", "content": f"answer {i} " + "word " * 60}]
+    history.append({"role": "user", "content": "hello the board"})
+    got = client.chat(model="smol", messages=history, options={"num_predict": 4, **GREEDY})
+    assert got.done and got.prompt_eval_count is not None
+    assert 100 < got.prompt_eval_count <= 1024  # the daemon's n_ctx; the history is ~1600
+    streamed = list(client.chat(model="smol", messages=history, stream=True,
+                                options={"num_predict": 4, **GREEDY}))
+    assert streamed[-1].done and streamed[-1].prompt_eval_count == got.prompt_eval_count
+    assert "".join(p.message.content or "" for p in streamed) == got.message.content
+
+
 def test_num_ctx_reloads_the_model_with_that_context_after_its_requests(
         client: ollama.Client) -> None:
     """Ollama's semantics: a request asking another ``options.num_ctx`` reloads the model with
@@ -298,7 +317,9 @@ def test_keep_alive_zero_unloads_and_the_next_request_loads_again(client: ollama
     left = tiny.expires_at.timestamp() - time.time()
     assert 500 < left <= 600
     forever = client.generate(model="tiny", prompt="", keep_alive=-1)
-    assert forever.done_reason == "load" and _loaded(client)["tiny"].expires_at is None
+    # never unloaded: Ollama's far future (now + the longest Go duration), a date clients parse
+    never = _loaded(client)["tiny"].expires_at
+    assert forever.done_reason == "load" and never is not None and never.year > 2300
     client.generate(model="tiny", prompt="hello", keep_alive=0, options={"num_predict": 2})
     deadline = time.monotonic() + 30
     while "tiny" in _loaded(client) and time.monotonic() < deadline:

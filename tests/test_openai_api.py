@@ -136,6 +136,44 @@ def test_text_completion(client: openai.OpenAI, reference: Llama) -> None:
     assert got.usage.prompt_tokens == want["usage"]["prompt_tokens"]  # type: ignore[index]
 
 
+def test_several_prompts_and_answers_in_one_request(client: openai.OpenAI,
+                                                    reference: Llama) -> None:
+    # LangChain's OpenAI LLM sends its prompts in one request; n asks for several answers
+    prompts = ["the edge board is", "hello the"]
+    got = client.completions.create(model="tiny", prompt=prompts, max_tokens=4, temperature=0,
+                                    n=2)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    want = [reference.create_completion(prompt=p, max_tokens=4, temperature=0) for p in prompts]
+    assert [c.text for c in got.choices] == [w["choices"][0]["text"]  # type: ignore[index]
+                                             for w in want for _ in range(2)]
+    assert got.usage is not None
+    assert got.usage.prompt_tokens == 2 * sum(w["usage"]["prompt_tokens"]  # type: ignore[index]
+                                              for w in want)
+    assert got.usage.completion_tokens == 2 * sum(
+        w["usage"]["completion_tokens"] for w in want)  # type: ignore[index]
+    streamed = list(client.completions.create(
+        model="tiny", prompt=prompts, max_tokens=4, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True}))
+    texts = ["", "", "", ""]
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in got.choices]
+    assert streamed[-1].usage is not None and streamed[-1].usage.total_tokens == \
+        got.usage.total_tokens
+    # sampled with a seed, the answers are not one answer repeated: each has its own seed
+    seeded = client.completions.create(model="tiny", prompt="the", max_tokens=12, seed=7,
+                                       temperature=1.0, n=3)
+    assert len({c.text for c in seeded.choices}) > 1
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES,  # type: ignore[arg-type]
+                                          max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content
+    # top_p 0 (some clients' "deterministic") keeps the most likely token: greedy
+    assert client.completions.create(model="tiny", prompt=prompts[0], max_tokens=4,
+                                     top_p=0).choices[0].text == got.choices[0].text
+
+
 def test_bad_requests_get_openai_errors_and_serving_goes_on(client: openai.OpenAI,
                                                             daemon: DaemonProcess) -> None:
     with pytest.raises(openai.NotFoundError) as nf:
@@ -253,6 +291,10 @@ BAD = [
     ("/v1/embeddings", {"input": [[9906, 1917]]}, "input"),
     ("/v1/embeddings", {}, "input"),
     ("/v1/completions", {"prompt": [9906, 1917]}, "prompt"),
+    ("/v1/completions", {"prompt": []}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "n": 33}, "n"),
+    ("/v1/completions", {"prompt": ["a"] * 9, "n": 4}, "prompt"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [TOOL], "n": 2}, "n"),
     ("/v1/chat/completions", {"messages": MESSAGES, "logit_bias": {"50256": -100}},
      "logit_bias"),
     ("/v1/chat/completions", {"messages": MESSAGES, "modalities": ["text", "audio"]},

@@ -305,3 +305,36 @@ def test_pydantic_tools_and_recursive_schemas_with_their_defs(oa: openai.OpenAI)
         if answer.choices[0].finish_reason == "stop":
             jsonschema.validate(json.loads(text), schema)
         assert text.startswith("{")
+
+
+def test_several_calls_in_one_answer_and_parallel_tool_calls_false(oa: openai.OpenAI) -> None:
+    tools = tool_request(MESSAGES, TOOLS, "auto", None)
+    on = {"name": "HassTurnOn", "arguments": {"name": "Kitchen Light"}}
+    off = {"name": "HassTurnOff", "arguments": {"name": "Heater"}}
+    calls = tools.parse(json.dumps([on, off]))
+    assert calls is not None and [c["function"]["name"] for c in calls] == [
+        "HassTurnOn", "HassTurnOff"] and calls[0]["id"] != calls[1]["id"]
+    assert tools.parse(json.dumps([on, on])) is not None and \
+        len(tools.parse(json.dumps([on, on])) or []) == 1  # a repeated call means one
+    # SmolLM2 allowed several went on calling until max_tokens: the complete calls stand
+    cut = tools.parse(json.dumps([on, off])[:-1] + ', {"name": "HassTurnOn", "argum')
+    assert cut is not None and [json.loads(c["function"]["arguments"]) for c in cut] == [
+        on["arguments"], off["arguments"]]
+    assert tools.parse('{"name": "HassTurnOn", "arguments": {"na') is None  # no complete call
+    # the grammar: a list of one call or several, or (parallel_tool_calls false) of one
+    one = tool_request(MESSAGES, TOOLS, "required", None, parallel=False)
+    assert '("," space call)*' in tools.params["grammar"]._grammar
+    assert '("," space call)*' not in one.params["grammar"]._grammar
+    messages = [MESSAGES[0], {"role": "user",
+                              "content": "Turn off the heater and the kitchen light."}]
+    got = oa.chat.completions.create(model="smol", messages=messages,  # type: ignore[arg-type]
+                                     tools=TOOLS, tool_choice="auto",  # type: ignore[arg-type]
+                                     temperature=0, max_tokens=80)
+    several = got.choices[0].message.tool_calls or []
+    assert several and got.choices[0].finish_reason == "tool_calls"
+    for call in several:
+        _valid_call(call.function.name, json.loads(call.function.arguments))
+    single = oa.chat.completions.create(model="smol", messages=messages,  # type: ignore[arg-type]
+                                        tools=TOOLS, tool_choice="auto",  # type: ignore[arg-type]
+                                        temperature=0, max_tokens=80, parallel_tool_calls=False)
+    assert len(single.choices[0].message.tool_calls or []) == 1

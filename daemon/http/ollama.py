@@ -45,7 +45,9 @@ from edgepilot.http.ollama_request import (
     sampler_params,
 )
 from edgepilot.http.ollama_run import (
+    Run,
     apply_keep_alive,
+    fit_history,
     iso_of,
     load_timed,
     ndjson,
@@ -159,15 +161,20 @@ async def _answer(request: Request, gen: Generator, run_args: tuple[Any, ...], *
     """Start the generation (errors before its first token raise: the app answers their
     status) and answer it streamed, or whole (an error on the way raises too)."""
     try:
-        run = await start(gen, *run_args, num_ctx=num_ctx)
+        run: Run | None = await start(gen, *run_args, num_ctx=num_ctx)
     except ContextOverflow as exc:
-        # Ollama's clients (home-automation agents) size the context with options.num_ctx:
-        # say how far it may go for this model
-        limit = await gen.registry.num_ctx_limit(gen.registry.catalog.resolve(
-            gen.adapter_in_name(run_args[0], {})[0]))
-        raise ContextOverflow(f"{exc.message}; or send options.num_ctx (the model is reloaded "
-                              f"with that context; at most {limit.allowed} here: {limit.why})",
-                              field=field) from None
+        # a conversation: its oldest messages left out, as Ollama does (a chat front end's
+        # long history); a prompt or a last message over the context: the way out, named
+        run = await fit_history(gen, *run_args, num_ctx=num_ctx) if chat else None
+        if run is None:
+            # Ollama's clients (home-automation agents) size the context with
+            # options.num_ctx: say how far it may go for this model
+            limit = await gen.registry.num_ctx_limit(gen.registry.catalog.resolve(
+                gen.adapter_in_name(run_args[0], {})[0]))
+            raise ContextOverflow(f"{exc.message}; or send options.num_ctx (the model is "
+                                  f"reloaded with that context; at most {limit.allowed} here: "
+                                  f"{limit.why})", field=field) from None
+    assert run is not None
     answers = parts(run, gen, chat=chat, stream=stream)
     if stream:
         return StreamingResponse(ndjson(answers), media_type="application/x-ndjson")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -24,8 +25,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from edgepilot.command_registry import error_body
+from edgepilot.errors import ContextOverflow
 from edgepilot.serving.generate import Generator, StreamEnd
 from edgepilot.serving.tools import ToolRequest
+
+log = logging.getLogger(__name__)
 
 # unloads asked for by keep_alive 0, kept referenced until done
 _unloads: set[asyncio.Task[bool]] = set()
@@ -47,9 +51,15 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
-def iso_of(epoch: float | None) -> str | None:
-    return None if epoch is None else \
-        datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+# Ollama's expiry of a model kept loaded forever (keep_alive -1): now plus the longest Go
+# duration, year 2318 or so; clients showing "unloads in ..." parse a date, not null
+NEVER_S = (1 << 63) / 1e9
+
+
+def iso_of(epoch: float | None) -> str:
+    """``expires_at`` as Ollama writes it; None (never unloaded) as Ollama's far future."""
+    at = datetime.fromtimestamp(time.time() + NEVER_S if epoch is None else epoch, UTC)
+    return at.isoformat().replace("+00:00", "Z")
 
 
 def apply_keep_alive(gen: Generator, name: str, keep: float | None) -> None:
@@ -98,6 +108,36 @@ class Run:
                 "prompt_eval_duration": self.first - self.asked,
                 "eval_count": self.usage.get("completion_tokens", 0),
                 "eval_duration": end - self.first}
+
+
+def without_oldest(messages: list[dict[str, Any]], drop: int) -> list[dict[str, Any]] | None:
+    """``messages`` less the ``drop`` oldest that are neither system messages nor the last
+    one; None when fewer than ``drop`` may go."""
+    movable = [i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"]
+    if drop > len(movable):
+        return None
+    gone = set(movable[:drop])
+    return [m for i, m in enumerate(messages) if i not in gone]
+
+
+async def fit_history(gen: Generator, name: str, kind: Literal["chat", "complete"],
+                      messages: list[dict[str, Any]], *rest: Any,
+                      num_ctx: int | None = None) -> Run | None:
+    """Ollama's way with a conversation longer than the context: its oldest messages are
+    left out, the system messages and the last one kept, as few as make it fit; the run
+    started on what fits (None: not even the last message with the system's does)."""
+    for drop in range(1, len(messages)):
+        shorter = without_oldest(messages, drop)
+        if shorter is None:
+            return None
+        try:
+            run = await start(gen, name, kind, shorter, *rest, num_ctx=num_ctx)
+        except ContextOverflow:
+            continue
+        log.info("model %s: the conversation's %d oldest messages left out to fit the context",
+                 name, drop)
+        return run
+    return None
 
 
 async def start(gen: Generator, name: str, kind: Literal["chat", "complete"], prompt: Any,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
 from edgepilot.http.api import api_of
+from edgepilot.http.choices import chained, jobs_of, merged
 from edgepilot.http.client_gone import unless_client_leaves
 from edgepilot.http.embedding_shape import count_ok, shortened
 from edgepilot.http.openai_models import (
@@ -106,6 +107,9 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
     messages = [m.as_llama() for m in req.messages]
     params.update(response_format_params(req.response_format))
     if req.tools and req.tool_choice != "none":
+        if req.n > 1:
+            raise CommandError(f"n={req.n} with tools: one answer per request is made when "
+                               "tools are given; send n=1 (or several requests)", field="n")
         gen = _generator(request)
         template = await asyncio.get_running_loop().run_in_executor(
             gen.executor, chat_template_of, gen.registry,
@@ -113,7 +117,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, ToolChoice) \
             else req.tool_choice
         tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],
-                             choice, template)
+                             choice, template,
+                             parallel=not legacy and req.parallel_tool_calls is not False)
         params.update(tools.params)
         work = gen.generate(req.model, "chat", tools.messages, params)
         result = await (work if req.stream else unless_client_leaves(request, work))
@@ -130,30 +135,36 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         return StreamingResponse(whole_as_chunks(result, include),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await _answer(request, req, "chat", messages, params)
+    return await _answer(request, req, "chat", [messages], params)
 
 
 @router.post("/v1/completions", summary="OpenAI text completion (GGUF models)")
 async def completions(req: CompletionRequest, request: Request) -> Any:
-    prompt = req.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise CommandError(f"prompt holds {len(prompt)} prompts; exactly one per request "
-                               "is supported", field="prompt")
-        prompt = str(prompt[0])
+    prompts = [req.prompt] if isinstance(req.prompt, str) else [str(p) for p in req.prompt]
+    if not prompts:
+        raise CommandError("prompt is an empty list; give a text or a list of texts",
+                           field="prompt")
     params = {**req.llama_params(), **logprob_params(req.logprobs, None)}
-    return await _answer(request, req, "complete", prompt, params,
+    return await _answer(request, req, "complete", prompts, params,
                          completion_shape="logprobs_top" in params)
 
 
 async def _answer(request: Request, req: Sampling, kind: Literal["chat", "complete"],
-                  prompt: Any, params: dict[str, Any], completion_shape: bool = False) -> Any:
-    """``completion_shape``: the answer's logprobs (the backend gives the chat shape) as
+                  prompts: list[Any], params: dict[str, Any],
+                  completion_shape: bool = False) -> Any:
+    """Each of ``prompts`` answered ``req.n`` times (:mod:`edgepilot.http.choices`).
+    ``completion_shape``: the answer's logprobs (the backend gives the chat shape) as
     ``/v1/completions`` answers them."""
-    work = _generator(request).generate(req.model, kind, prompt, params, stream=req.stream)
-    result = await (work if req.stream else unless_client_leaves(request, work))
-    if isinstance(result, Response):  # the client left: nobody reads this
-        return result
+    gen, jobs = _generator(request), jobs_of(prompts, req.n, params)
+    answers: list[Any] = []
+    for prompt, job_params in jobs if not req.stream else jobs[:1]:
+        work = gen.generate(req.model, kind, prompt, job_params, stream=req.stream)
+        answer = await (work if req.stream else unless_client_leaves(request, work))
+        if isinstance(answer, Response):  # the client left: nobody reads this
+            return answer
+        answers.append(answer)
+    result = merged(answers) if not req.stream else answers[0] if len(jobs) == 1 \
+        else chained(jobs, _starter(gen, req.model, kind), answers[0])
     if isinstance(result, dict):
         result["model"] = req.model
         if completion_shape:
@@ -162,6 +173,11 @@ async def _answer(request: Request, req: Sampling, kind: Literal["chat", "comple
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return StreamingResponse(_sse(result, req.model, include_usage, completion_shape),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _starter(gen: Generator, model: str, kind: Literal["chat", "complete"]
+             ) -> Callable[[Any, dict[str, Any]], Awaitable[Any]]:
+    return lambda prompt, params: gen.generate(model, kind, prompt, params, stream=True)
 
 
 def _completion_logprobs(answer: dict[str, Any]) -> None:

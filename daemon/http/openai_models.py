@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from edgepilot.errors import CommandError
+from edgepilot.http.choices import MAX_CHOICES
 
 
 def _utf8(text: str) -> str:
@@ -143,7 +144,7 @@ class Sampling(_Strict):
     model: str = Field(min_length=1, max_length=128, description="A model from /v1/models.")
     max_tokens: int | None = Field(None, ge=1, le=1 << 20)
     temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, ge=0, le=1, description="0 keeps the most likely token only.")
     # llama.cpp's samplers, not OpenAI's: its server and vLLM take them, and local front ends
     # (Open WebUI, SillyTavern, litellm's extra_body) send them; absent: llama.cpp's defaults
     top_k: int | None = Field(None, ge=0, le=1 << 20, description="llama.cpp's top-k.")
@@ -156,7 +157,8 @@ class Sampling(_Strict):
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    n: Literal[1] = Field(1, description="Only one choice per request is generated.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Answers per prompt, generated one "
+                   "after another (a seed: the j-th answer uses seed + j).")
     adapter: str | None = Field(
         None, min_length=1, max_length=64,
         description="A LoRA adapter of the model (its [[models]] adapters); the model name "
@@ -220,7 +222,8 @@ class ChatRequest(Sampling):
                           '{"name", "schema"}}: constrained by a grammar from the schema.')
     tools: list[ToolDef] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
-    parallel_tool_calls: bool | None = Field(None, description="At most one call is made.")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call; "
+                                             "else an answer may make several.")
     logprobs: bool | None = Field(None, description="Each answer token's logprob.")
     top_logprobs: int | None = Field(None, ge=0, le=20,
                                      description="Alternatives per token (needs logprobs).")

@@ -3,7 +3,8 @@ model call them, and the parse of its answer into ``tool_calls``.
 
 Generation is constrained by a grammar built from the tools' JSON schemas: a call the model
 writes is always ``{"name": <a declared tool>, "arguments": <valid for that tool>}``, alone or
-as the one item of a list (the form SmolLM2 and other small models were trained to call in).
+in a list (the form SmolLM2 and other small models were trained to call in), which may hold
+several calls (``parallel_tool_calls``, OpenAI's default, and Ollama's answers), or one.
 ``tool_choice`` ``"required"`` (or one named function) allows only a call; ``"auto"`` (and
 every Ollama request with tools) allows a call or a plain-text answer that does not start with
 ``{``, ``[`` or ``"``; ``"none"`` leaves the tools out.
@@ -73,14 +74,37 @@ class ToolRequest:
             # where no grammar held it) is still the call it meant; re-dumped escaped below
             call = json.loads(text, strict=False)
         except json.JSONDecodeError:
-            return None  # cut off by max_tokens: the text is returned as it is
-        if isinstance(call, list) and len(call) == 1:  # the list form of one call
-            call = call[0]
-        if not isinstance(call, dict) or call.get("name") not in self.names:
+            # cut off by max_tokens: a list's complete calls are still calls (a small model
+            # allowed several went on calling); else the text is returned as it is
+            call = _complete_items(text)
+        calls = call if isinstance(call, list) else [call]  # a list: one call or several
+        if not calls or not all(isinstance(c, dict) and c.get("name") in self.names
+                                for c in calls):
             return None
+        unique = {json.dumps([c["name"], c.get("arguments") or {}], sort_keys=True): c
+                  for c in calls}  # a model repeating a call means it once
         return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                 "function": {"name": call["name"],
-                              "arguments": json.dumps(call.get("arguments") or {})}}]
+                 "function": {"name": c["name"],
+                              "arguments": json.dumps(c.get("arguments") or {})}}
+                for c in unique.values()]
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The items of a JSON list cut off before its end that were complete (none: [])."""
+    decoder = json.JSONDecoder(strict=False)
+    rest = text.lstrip()
+    items: list[Any] = []
+    if not rest.startswith("["):
+        return []
+    pos = 1
+    while True:
+        while pos < len(rest) and rest[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(rest, pos)
+        except json.JSONDecodeError:
+            return items
+        items.append(item)
 
 
 def _schema(tool: dict[str, Any], i: int, field: str) -> tuple[str, dict[str, Any]]:
@@ -130,9 +154,11 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
 
 def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  tool_choice: str | dict[str, Any] | None, template: str | None,
-                 field: str = "tools") -> ToolRequest:
+                 field: str = "tools", parallel: bool = True) -> ToolRequest:
     """Messages and grammar for a chat with ``tools`` (OpenAI's shapes); CommandError naming
-    the field for a malformed tool, a bad schema or a ``tool_choice`` naming no tool."""
+    the field for a malformed tool, a bad schema or a ``tool_choice`` naming no tool.
+    ``parallel``: a list may hold several calls (OpenAI's ``parallel_tool_calls``, its
+    default; Ollama's answers too), else one."""
     if not tools or tool_choice == "none":
         return ToolRequest([], messages)
     declared = [_schema(t, i, field) for i, t in enumerate(tools)]
@@ -171,8 +197,9 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     # call tools in (SmolLM2's `[{"name": ..., "arguments": ...}]`); a model that opens a list
     # means a call, and under "auto" that first character is its choice, so a list must not
     # fall to the text branch
+    more = ' ("," space call)*' if parallel else ""
     gbnf = schema_gbnf(call, field).replace("root ::=", "call ::=", 1) \
-        + '\nroot ::= call | "[" space call "]" space'
+        + f'\nroot ::= call | "[" space call{more} "]" space'
     # or text that does not start a JSON object, list or string: a model that opens a string
     # under auto means structured output too (SmolLM2-135M answered '"HassTurnOn"' to 2 of 10
     # home-automation requests; with text unable to open a string, 1 of them became a call)
