@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import dispatch_fixtures
-from dispatch_fixtures import Events
+import pytest
+from dispatch_fixtures import Events, HookedBackend
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+
+HOOKED = Target("hooked", "cpu", "int8")
 
 mlp_path = dispatch_fixtures.mlp_path
 ort_backend = dispatch_fixtures.ort_backend
@@ -63,3 +66,65 @@ def test_replan_without_gain_keeps_the_plan(mlp_path: Path,
     applied, moved = md.replan("operator", force=True)
     assert applied and plan.targets[0] not in moved.targets
     assert events.of("plan.changed")[-1]["previous"] == plan.hash
+
+
+def test_the_baseline_is_how_the_plan_ran_when_installed() -> None:
+    # a whole model a rival target won side by side: its layers' sum said 17.4 ms, it runs at
+    # 26.7; held against the prediction it drifted every third request, forever (malviz)
+    mon = Monitor(drift_threshold=0.5, alpha=0.5, min_samples=3)
+    mon.install([17.4], [26.7])
+    for _ in range(20):
+        assert mon.observe([27.0]) == []
+    assert mon.observe([45.0]) == [] and mon.observe([45.0]) == [0]  # a real slowing still is
+    # the same plan re-predicted (a drifted factor, new clocks): as far off as it was
+    mon.expect([17.4 * 1.5])
+    assert mon.predicted == [pytest.approx(26.7 * 1.5)] and mon.snapshot()[0]["samples"] == 0
+    mon.install([2.0, 3.0], [])  # nothing measured: the predictions
+    assert mon.predicted == [2.0, 3.0]
+
+
+def test_a_plan_is_watched_from_its_measured_segments(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    hooked = HookedBackend(ort_backend)
+    fp32 = Target("onnxruntime", "cpu", "fp32")
+    events = Events()
+    # a negative hysteresis pins what the costs choose (no side by side with a rival)
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend, "hooked": hooked},
+                       [fp32, HOOKED], DispatchOptions(tolerance=0.1, runs=3, warmup=1,
+                                                       hysteresis=-1.0), emit=events)
+    md.prepare()
+    assert md.builder is not None
+    md.builder.excluded.add(str(HOOKED))  # on fp32 first, whatever this CPU's int8 does
+    md.replan("operator", force=True)
+    # then onto a target now 20 ms slower a call than its layers were profiled at
+    hooked.delay_s = 0.02
+    md.builder.excluded = {str(fp32)}
+    applied, plan = md.replan("operator", force=True)
+    assert applied and plan.targets[0] == str(HOOKED) and md.compiled is not None
+    # what it is watched against: the segments as they ran at install (their predictions may
+    # rest on the delay-free profile or on the new segment's own timing, as the profile went)
+    assert md.monitor.predicted == pytest.approx(md.segment_ms)
+    feed = md.calibration[0]
+    for _ in range(8):
+        md.run(feed)
+    # how it ran when installed is no drift: no replan reset the monitor or moved the plan
+    assert sum(s["samples"] or 0 for s in md.monitor.snapshot()) == 8 * len(md.segment_ms)
+    assert md.plan is not None and md.plan.hash == plan.hash
+
+
+def test_a_plan_that_lost_to_the_served_target_is_not_built_again(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    fp32, int8 = Target("onnxruntime", "cpu", "fp32"), Target("onnxruntime", "cpu", "int8")
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend}, [fp32, int8],
+                       DispatchOptions(tolerance=0.1, runs=3, warmup=1))
+    plan = md.prepare()
+    assert md.builder is not None and len(set(plan.targets)) == 1
+    served, other = plan.targets[0], str(int8 if plan.targets[0] == str(fp32) else fp32)
+    md.builder.factors[served] = 20.0  # the costs now say: move every layer to the other
+    verdict = {"segments": [[other, 0, len(plan.targets)]], "target": served, "kept": "single"}
+    md.builder.profile.extra["versus_all"] = [verdict]
+    applied, kept = md.replan("drift")
+    assert not applied and kept.hash == plan.hash  # it lost to this very plan side by side
+    md.builder.profile.extra["versus_all"] = []  # never timed against it: built and timed
+    applied, _ = md.replan("drift")
+    assert applied

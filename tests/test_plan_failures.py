@@ -120,6 +120,39 @@ def test_a_broken_file_exits_2_with_one_line_naming_it(tmp_path: Path, damage: s
     assert len(lines) == 1 and bad.name in lines[0], res.stderr
 
 
+def test_an_empty_onnx_file_and_one_without_operators_exit_2_naming_them(
+        tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")  # parses as an empty ModelProto: it was "no operators to partition"
+    through = tmp_path / "through.onnx"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    onnx.save(helper.make_model(helper.make_graph([], "g", [x], [x]),
+                                opset_imports=[helper.make_opsetid("", 17)]), through)
+    for path, words in ((empty, "not a readable ONNX model"), (through, "no operators")):
+        res = cli(tmp_path, "plan", str(path))
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1, res.stderr
+        assert path.name in lines[0] and words in lines[0], lines[0]
+
+
+def test_an_archive_or_other_file_exits_2_naming_it_and_the_kinds(tmp_path: Path) -> None:
+    # a user passing the package a model came in (a .tar.gz) was told "unknown model"
+    archive = tmp_path / "model.tar.gz"
+    archive.write_bytes(b"\x1f\x8b" + b"\0" * 64)
+    res = cli(tmp_path, "plan", str(archive))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert archive.name in lines[0] and ".onnx" in lines[0] and "unpack" in lines[0]
+    for where, words in ((tmp_path / "gone.onnx", "no model file at"),
+                         (tmp_path, "is a directory")):
+        res = cli(tmp_path, "plan", str(where))
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and words in lines[0], res.stderr
+
+
 def zipmap_classifier(path: Path) -> Path:
     """A classifier as skl2onnx writes one by default: its probabilities a tensor and, through
     ZipMap, a sequence of maps (label -> probability)."""

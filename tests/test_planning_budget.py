@@ -22,8 +22,11 @@ from daemon_proc import DaemonProcess
 from real_models import by_name
 from test_real_models import raw_outputs
 
+from edgepilot.backends.base import Target
+from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.graph.partition import partition
-from edgepilot.dispatch.measuring.budget import whole_only
+from edgepilot.dispatch.measuring.budget import out_of_budget, timed_whole, whole_only
+from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
 
 MODELS = {"ppocr-rec": {"x": (1, 3, 48, 320)}, "hand-landmark": {}}
 
@@ -49,6 +52,51 @@ def test_the_estimate_plans_a_multi_second_model_whole_and_a_light_one_per_layer
     assert whole_only([9000.0, 4500.0], 22, 5, 400.0) is None   # a budget that pays for it
     assert whole_only([9000.0], 1, 5, 90.0) is None             # one layer already
     assert whole_only([9000.0], 22, 1, 90.0) is None            # one target: nothing to split
+
+
+def test_a_model_planned_whole_is_never_cut_nor_probed(tmp_path: Path) -> None:
+    # the reference's run of the file decides the budget first: a TTS model's shape probe
+    # (every intermediate tensor of a run, 13 GB) and cut are not paid for a one-layer plan
+    model = by_name("ppocr-rec")
+    targets = [Target("onnxruntime", "cpu", p) for p in ("fp32", "int8")]
+    md = ModelDispatch("rec", model.path, {"onnxruntime": OnnxRuntimeBackend()}, targets,
+                       DispatchOptions(runs=3, warmup=1, planning_budget_s=0.001),
+                       shapes={"x": (1, 3, 48, 320)}, graph_dir=tmp_path / "graphs")
+    plan = md.prepare()
+    assert md.part is not None and len(md.part.layers) == 1 and len(plan.segments) == 1
+    assert md.part.tensor_bytes == {} and md.part.nodes  # its outline: operators, no sizes
+    assert md.part.layers[0].op_types and "planned whole" in " ".join(plan.merged)
+    # the plan is the reference's own session: its check is the reference itself (error 0,
+    # the second calibration input not run at all), the other targets out of the budget
+    assert plan.targets == [str(md.reference)] and plan.error == 0.0
+    assert not md.check.reference_made
+    assert {e["target"] for e in plan.exclusions} == {str(targets[1])}
+    assert not (tmp_path / "graphs").exists() or not any((tmp_path / "graphs").iterdir())
+    feed = md.calibration[0]
+    out, _ = md.run(feed)
+    ref = raw_outputs(model, feed)
+    for name, value in ref.items():
+        err = np.linalg.norm(out[name] - value) / max(float(np.linalg.norm(value)), 1e-12)
+        assert err <= 0.05, (name, err)
+
+
+def test_a_target_the_budget_has_no_room_for_is_not_run() -> None:
+    # Kokoro at 11-13 s a run on five targets: the budget is a bound, not a wish
+    now = time.monotonic()
+    assert out_of_budget([13000.0], now + 60) == ""             # ~39 s of runs fit in 60
+    why = out_of_budget([13000.0, 40000.0], now + 30)           # the fastest run sets the pace
+    assert why.startswith("not timed") and "planning_budget_s" in why and "~39 s" in why
+    assert out_of_budget([13000.0], None) == ""                 # no budget
+    assert out_of_budget([], now) == ""                         # no figure to judge by
+
+
+def test_a_whole_model_plan_is_not_timed_again() -> None:
+    # the executable served is the one the profile timed as a plan: four more runs of a
+    # 4 s model (a warm-up and three) were a tenth of Kokoro's planning
+    assert timed_whole([("ort/cpu/fp32", 0, 1)], 1, {"ort/cpu/fp32": 4000.0}) == \
+        (4000.0, [4000.0], [4000.0, 4000.0])
+    assert timed_whole([("a", 0, 1), ("b", 1, 2)], 2, {"a": 1.0, "b": 1.0}) is None  # a split
+    assert timed_whole([("b", 0, 1)], 1, {"a": 1.0}) is None  # a target the profile lacks
 
 
 def test_a_model_over_the_budget_is_planned_whole_and_served_within_tolerance(

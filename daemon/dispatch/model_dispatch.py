@@ -26,8 +26,8 @@ from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, file_shapes, open_dims_hint, signature_of
+from edgepilot.dispatch.measuring.budget import timed_whole
 from edgepilot.dispatch.measuring.cells import LatencyTable
-from edgepilot.dispatch.measuring.digest import tensors_sha256
 from edgepilot.dispatch.measuring.measure import Measurer, Progress
 from edgepilot.dispatch.measuring.output_check import OutputCheck
 from edgepilot.dispatch.measuring.timing import plan_timing
@@ -38,9 +38,10 @@ from edgepilot.dispatch.planning.choice import choose, compile_plan, given, meas
 from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
+from edgepilot.dispatch.planning.record import plan_document
 from edgepilot.dispatch.planning.segment_timing import time_new_segments
 from edgepilot.dispatch.planning.shared import published_segments
-from edgepilot.dispatch.planning.versus import single_instead
+from edgepilot.dispatch.planning.versus import lost_before, single_instead
 from edgepilot.errors import EdgepilotError, PlanError, UnrunnableModel
 from edgepilot.formats.io import tensor_specs
 
@@ -123,8 +124,7 @@ class ModelDispatch:
         self.budget_end = started + self.opts.planning_budget_s if got.budgeted else None
         self.part, self.targets, self.reference, self.published = part, got.targets, ref, \
             got.shell_of
-        self.check = OutputCheck(self.calibration, self.opts.metric, got.ref_outputs,
-                                 got.outputs_of, got.vouched)
+        self.check = got.output_check(self.calibration, self.opts.metric)
         layers, targets = [lay.name for lay in part.layers], [str(t) for t in self.targets]
         key = cache_key({**self.key_parts, "model_sha256": part.model_hash,
                          "signature": signature_of(self.shapes),
@@ -140,11 +140,12 @@ class ModelDispatch:
             profile = LatencyTable.from_dict(cached["profile"])
         else:
             o = self.opts  # the spare is the measurer's now: it hands the fastest back
+            feeds, outs, ms = got.profile_inputs(self.calibration)
             measurer, self.spare = Measurer(
-                part, self.backends, self.targets, ref, self.calibration, runs=o.runs,
-                warmup=o.warmup, metric=o.metric, progress=self.progress, passes=o.passes,
-                ref_outputs=got.ref_outputs, ref_ms=got.ref_ms, opened=self.spare,
-                tolerance=o.tolerance, first_input_only=got.budgeted), None
+                part, self.backends, self.targets, ref, feeds, runs=o.runs, warmup=o.warmup,
+                metric=o.metric, progress=self.progress, passes=o.passes, ref_outputs=outs,
+                ref_ms=ms, opened=self.spare, tolerance=o.tolerance,
+                budget_end=self.budget_end), None
             try:
                 profile = measurer.table()
             finally:  # the fastest whole model within tolerance, open
@@ -166,15 +167,11 @@ class ModelDispatch:
                 adopted, self.name, plan.segments, plan.measured_ms, self.segment_ms,
                 spent, lambda: self._time(compiled, settle=True), self.fastest):
             return self.prepare(reprofile=True)  # it does not hold here: measure
-        doc = {"model": self.name, "parts": self.key_parts, "profile": profile.as_dict(),
-               "forced": {str(k): v for k, v in self.builder.forced.items()},
-               "plan": plan.as_dict(), "model_sha256": part.model_hash,
-               "signature": self.signature, "layers": layers, "targets": targets,
-               "segment_ms": self.segment_ms, "planning_s": spent, "fastest_ms": self.fastest
-               or None,
-               # what lets a board of this kind skip building the reference (digest.py)
-               "inputs_sha256": tensors_sha256(self.calibration),
-               "outputs_sha256": self.check.digest_of(compiled)}
+        doc = plan_document(self.name, self.key_parts, self.builder, profile, plan,
+                            signature=self.signature, targets=targets,
+                            segment_ms=self.segment_ms, fastest=self.fastest,
+                            calibration=self.calibration,
+                            outputs_sha256=self.check.digest_of(compiled))
         if self.cache is not None:
             self.cache.store(self.name, key, doc)
             if shared is not None and not self.from_cache:
@@ -189,8 +186,7 @@ class ModelDispatch:
 
     @property
     def ref_outputs(self) -> list[dict[str, np.ndarray]]:
-        """The reference's outputs on the calibration inputs (see :class:`OutputCheck`)."""
-        return self.check.ref_outputs
+        return self.check.ref_outputs  # on the calibration inputs (see :class:`OutputCheck`)
 
     def check_error(self, compiled: CompiledPlan) -> float:
         """Whole-plan output error against the fp32 reference on the calibration inputs."""
@@ -245,14 +241,17 @@ class ModelDispatch:
     def _time(self, compiled: CompiledPlan, settle: bool = False
               ) -> tuple[float, list[float], list[float]]:
         """The plan's median end to end and per segment, and its fastest run (both)."""
-        return plan_timing(compiled, self.calibration[0], self.opts.runs, settle)
+        known = timed_whole([(s.target, s.start, s.end) for s in compiled.segments], len(
+            self.part.layers), self.builder.profile.extra.get("whole_ms", {})) \
+            if self.budget_end and self.part and self.builder else None
+        return known or plan_timing(compiled, self.calibration[0], self.opts.runs, settle)
 
     def _install(self, plan: Plan, compiled: CompiledPlan) -> None:
         old = self.plan
         compiled.reset_state()  # a streaming model's first request: no planning runs' state
         # old executables are dropped, not closed: a request may still be running on them
         self.plan, self.compiled = plan, compiled
-        self.monitor.reset([s.predicted_ms for s in compiled.segments])
+        self.monitor.install(self._predictions(), self.segment_ms)
         if old is not None and old.hash != plan.hash:
             self.emit("plan.changed", model=self.name, hash=plan.hash, previous=old.hash,
                       reason=plan.reason, predicted_ms=round(plan.predicted_ms, 4),
@@ -272,11 +271,12 @@ class ModelDispatch:
             assign, _, table = self.builder.best()
             current = [table.targets.index(t) for t in self.plan.targets]
             current_cost, new_cost = plan_cost(table, current), plan_cost(table, assign)
-            if assign == current or not (force or current_cost == float("inf")
-                                         or worth_switching(current_cost, new_cost,
-                                                            self.opts.hysteresis)):
+            lost = lost_before(self.builder, [table.targets[a] for a in assign], self.plan.targets)
+            gain = current_cost == float("inf") or worth_switching(current_cost, new_cost,
+                                                                   self.opts.hysteresis)
+            if assign == current or (not force and (lost or not gain)):
                 # keep the plan, but expect what the new costs say so drift does not re-fire
-                self.monitor.reset(self._predictions(table))
+                self.monitor.expect(self._predictions(table))
                 log.info("replan of %s (%s): keeping %s (%.3f ms vs %.3f ms)", self.name,
                          reason, self.plan.hash, current_cost, new_cost)
                 return False, self.plan
@@ -284,10 +284,10 @@ class ModelDispatch:
             self._install(plan, compiled)
             return True, plan
 
-    def _predictions(self, table: CostTable) -> list[float]:
+    def _predictions(self, table: CostTable | None = None) -> list[float]:
         assert self.compiled is not None and self.builder is not None
-        return self.builder.segment_predictions(
-            table, [(s.target, s.start, s.end) for s in self.compiled.segments])
+        return self.builder.segment_predictions(table or self.builder.table(), [
+            (s.target, s.start, s.end) for s in self.compiled.segments])
 
     def set_clocks(self, freqs: dict[str, float], reason: str) -> tuple[bool, Plan]:
         """A DVFS profile or thermal change: re-predict at the new clocks and replan."""

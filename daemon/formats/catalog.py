@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from edgepilot.errors import NotFoundError
+from edgepilot.errors import ModelError, NotFoundError
 from edgepilot.formats import files
 from edgepilot.formats.model_entry import ModelEntry
 
@@ -64,6 +64,20 @@ class ModelCatalog:
             entry = ModelEntry(name=_safe_name(path.stem), file=path.resolve(),
                                load_at_start=False)
             return files.ResolvedModel(entry.name, entry, entry.file, files.kind_of(entry))
+        if self.paths and ("/" in name or name.startswith(".")) and path.is_dir():
+            raise ModelError(f"{name} is a directory; give a model file in it (allowed: "
+                             f"{', '.join(sorted(files.KINDS))})", field="model")
+        if self.paths and path.suffix.lower() in files.KINDS and not path.exists():
+            raise NotFoundError(f"no model file at {name} (nor a model of that name; "
+                                f"available: {', '.join(sorted(entries)) or 'none'})",
+                                field="model")
+        if self.paths and path.is_file():  # a file, but of no kind run here (an archive)
+            archive = any(name.lower().endswith(a) for a in ARCHIVES)
+            raise ModelError(f"{name}: not a model file of a kind run here (extension "
+                             f"{path.suffix or 'none'}); allowed: "
+                             f"{', '.join(sorted(files.KINDS))}"
+                             + ("; unpack the archive and give the model file in it"
+                                if archive else ""), field="model")
         raise NotFoundError(f"unknown model {name!r}; available: "
                             f"{', '.join(sorted(entries)) or 'none (model dir is empty)'}",
                             field="model")
@@ -73,6 +87,9 @@ class ModelCatalog:
         model = self.resolve(name)
         files.verify(model)
         return model
+
+
+ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip", ".whl", ".tar.xz", ".tar.bz2", ".7z")
 
 
 def _safe_name(stem: str) -> str:

@@ -55,6 +55,9 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     except Exception as exc:  # onnx raises DecodeError and friends
         raise UnrunnableModel(f"{path.name} is not a readable ONNX model: {exc}",
                               field="file") from None
+    if not model.graph.output:  # an empty file parses as an empty model: nothing to run
+        raise UnrunnableModel(f"{path.name} is not a readable ONNX model: it holds no graph "
+                              f"outputs ({path.stat().st_size} bytes)", field="file")
     inits = {i.name for i in model.graph.initializer}
 
     def spec(vi: onnx.ValueInfoProto, role: str) -> TensorSpec:

@@ -30,12 +30,34 @@ class Monitor:
     predicted: list[float] = field(default_factory=list)
     ewma: list[float | None] = field(default_factory=list)
     samples: list[int] = field(default_factory=list)
+    # measured / predicted per segment when the plan was installed (see :meth:`install`)
+    bias: list[float] = field(default_factory=list)
 
     def reset(self, predicted: list[float]) -> None:
         """Start watching a new plan whose segments are predicted to take ``predicted`` ms."""
         self.predicted = list(predicted)
         self.ewma = [None] * len(predicted)
         self.samples = [0] * len(predicted)
+
+    def install(self, predicted: list[float], measured: list[float]) -> None:
+        """Watch a newly installed plan from how it ran when installed (``measured`` ms per
+        segment), and keep how far that was from ``predicted`` for :meth:`expect`.
+
+        A prediction can miss a segment by more than the threshold from the start (a whole
+        model a rival target won side by side runs at its own pace, not at its layers' sum):
+        held as the baseline, that miss read as drift every third request and replanned in
+        the request's path, back to the same plan. Drift is a departure from how it ran."""
+        ok = len(measured) == len(predicted) and all(m > 0 for m in measured) \
+            and all(p > 0 for p in predicted)
+        self.bias = [m / p for m, p in zip(measured, predicted, strict=True)] if ok \
+            else [1.0] * len(predicted)
+        self.expect(predicted)
+
+    def expect(self, predicted: list[float]) -> None:
+        """The same plan re-predicted on new costs (new clocks, a drifted target's factor):
+        watch for departures from those, as far off as the install found the predictions."""
+        bias = self.bias if len(self.bias) == len(predicted) else [1.0] * len(predicted)
+        self.reset([p * b for p, b in zip(predicted, bias, strict=True)])
 
     def observe(self, times_ms: list[float]) -> list[int]:
         """Record one request's per-segment times; return the segments now drifting."""

@@ -368,6 +368,10 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         raise PlanError(f"{path.name}: per-layer planning covers ONNX and TFLite models; "
                         f"allowed extensions: .onnx, .tflite (GGUF is planned by n_gpu_layers)",
                         field="model")
+    if not nodes:  # the raw runtime passes its inputs through: no layer to plan
+        raise PlanError(f"{path.name} has no operators (its outputs are its inputs or "
+                        "constants): nothing to plan; the daemon serves the file as it is",
+                        field="model")
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
                      list(nodes), sizes, dict(shapes or {}), graph_path,

@@ -10,6 +10,10 @@ without folding or inference. Each layer name (``L<i>:<op>:<node>``, ``partition
 must count up from 0 and name an operator of this file of that type, each after the last.
 A replan, a cost-model fit or a partial segment makes the real partition first
 (``Partition.real``), which refuses names that are no coarsening of this board's own cut.
+
+:func:`whole_outline` is the same cheap view as one real layer: the file as a model planned
+whole needs it (``measuring/budget.py``), with no cut and no shape probe, which for a TTS
+model took the memory of every intermediate tensor at once (13 GB) and several of its runs.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgepilot.dispatch.graph.partition import Layer, Partition
+from edgepilot.dispatch.graph.partition import Layer, Partition, layers_of
 
 if TYPE_CHECKING:  # onnx is imported only for ONNX models
     import onnx
@@ -71,3 +75,22 @@ def shell(path: Path, digest: str, shapes: Mapping[str, tuple[int, ...]],
     layers = [Layer(i, name, 0, 0, [], (), (), 0, 0, 0, 0) for i, name in enumerate(names)]
     return Partition(path, "onnx", digest, ins, outs, layers, shapes=dict(shapes),
                      make_real=make_real)
+
+
+def whole_outline(path: Path, digest: str, shapes: Mapping[str, tuple[int, ...]]
+                  ) -> Partition | None:
+    """The ONNX file at ``path`` as one layer, read from its outline: its operators (what
+    targets' support is judged by), no tensor sizes, nothing cut or probed. None: the outline
+    cannot be read here (the real partition says why)."""
+    from edgepilot.dispatch.graph.onnx_layers import nodes_of
+    from edgepilot.formats.onnx_outline import onnx_outline
+
+    try:
+        nodes, ins, outs, _ = nodes_of(onnx_outline(path), {})
+    except Exception:  # unreadable as an outline: partitioning reports it in its words
+        return None
+    if not nodes:
+        return None
+    layers = layers_of(nodes, [(0, len(nodes))], outs, {})
+    return Partition(path, "onnx", digest, tuple(ins), tuple(outs), layers, list(nodes), {},
+                     dict(shapes))

@@ -21,13 +21,8 @@ import numpy as np
 from edgepilot.backends.base import Backend, Executable, Segment, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
-from edgepilot.dispatch.measuring.cells import (
-    Cell,
-    LatencyTable,
-    exclusions,
-    non_finite,
-    row_bound,
-)
+from edgepilot.dispatch.measuring.budget import WHOLE_RUNS, out_of_budget
+from edgepilot.dispatch.measuring.cells import Cell, LatencyTable, exclusions, non_finite, row_bound
 from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
 from edgepilot.dispatch.measuring.runnable import owned
@@ -67,13 +62,15 @@ class Measurer:
                  progress: Progress | None = None, passes: int = 2,
                  ref_outputs: list[dict[str, np.ndarray]] | None = None,
                  ref_ms: list[float] | None = None, opened: Executable | None = None,
-                 tolerance: float | None = None, first_input_only: bool = False) -> None:
+                 tolerance: float | None = None, budget_end: float | None = None) -> None:
         """``ref_outputs``/``ref_ms``: the reference's whole-model outputs and run times on
         ``calibration`` (a one-layer model's reference pass, not run again); ``opened``: its
         whole-model executable, open (timed, not built again); ``tolerance``: the fastest
         whole model within it stays open for the plan (:meth:`take_spare`);
-        ``first_input_only``: whole models' errors on the first calibration input only (the
-        plan's check runs them all), for a model planned whole within the budget."""
+        ``budget_end``: a model planned whole within the planning budget (``budget.py``), which
+        ends then (``time.monotonic()``): whole models' errors on the first calibration input
+        only (the plan's check runs them all), none timed once it is out of tolerance, and no
+        target begun that the budget has no room left for."""
         if not calibration:
             raise PlanError("profiling needs at least one calibration input", field="calibration")
         self.part = part
@@ -92,7 +89,8 @@ class Measurer:
         self._digests: dict[tuple[str, int, int], str] = {}
         self.whole_cpu_ms: dict[str, float] = {}  # CPU ms a whole-model run took (plan_ms)
         self._ref_outputs, self._ref_ms = ref_outputs, list(ref_ms or [])
-        self._opened, self.tolerance, self.first_only = opened, tolerance, first_input_only
+        self._opened, self.tolerance, self.budget_end = opened, tolerance, budget_end
+        self.budgeted = budget_end is not None
         self._spare: tuple[Executable, float] | None = None  # (executable, its ms)
 
     def compile(self, start: int, end: int, target: Target) -> Executable:
@@ -133,7 +131,7 @@ class Measurer:
         # (a light model's first pass is its sessions' cold start, no measure of its input)
         keep = [env for env, ms in zip(envs, self._env_ms, strict=True)
                 if ms <= SLOW_INPUT_FACTOR * cheapest or cheapest < HEAVY_MS]
-        if self.first_only:
+        if self.budgeted:
             keep = keep[:1]
         if len(keep) < len(envs):
             log.debug("calibration inputs ran %s ms: cells checked on %d", self._env_ms,
@@ -208,6 +206,8 @@ class Measurer:
                 # is not run on the other inputs, warmed up and timed; its error is this
                 # input's
                 return Cell(first_ms, err, exe.memory_bytes)
+        if as_plan and self.budgeted and self.tolerance is not None and err > self.tolerance:
+            return Cell(first_ms, err, exe.memory_bytes)  # it cannot be the plan: one layer
         if as_plan and bound_ms is not None and first_ms > max(bound_ms, HEAVY_MS):
             # a heavy whole model over the bound is no best single target: its warm
             # calibration run is figure enough to calibrate its segments. A light one's
@@ -252,8 +252,9 @@ class Measurer:
         plan = CompiledPlan([CompiledSegment(str(target), start, end, seg, exe, 0.0)],
                             self.part.outputs)
         cpu: list[float] = []
-        # no warm-up run: its calibration runs just ran it
-        ms = time_plan(plan, self.calibration[0], self.runs, 0, SETTLE_MS, cpu=cpu)[0]
+        # no warm-up run: its calibration runs just ran it; fewer planned whole in the budget
+        ms = time_plan(plan, self.calibration[0], WHOLE_RUNS if self.budgeted else self.runs,
+                       0, SETTLE_MS, cpu=cpu)[0]
         self.whole_cpu_ms[str(target)] = cpu[0]
         return ms
 
@@ -363,7 +364,8 @@ class Measurer:
         whole_cells: dict[str, Cell] = {}
         first = self._opened.target if self._opened is not None else None
         for target in sorted(self.targets, key=lambda t: t != first):
-            skip = crawlers.reason(str(target))
+            skip = crawlers.reason(str(target)) or (
+                target != first and out_of_budget(self._ref_ms, self.budget_end))
             whole_cells[str(target)] = Cell(None, reason=skip) if skip else \
                 self.measure(0, n, target, row_bound(whole_cells), as_plan=True, row=whole_cells)
             done += 1

@@ -31,11 +31,14 @@ from edgepilot.dispatch.graph.partition import (
     merge_to,
     partition,
 )
-from edgepilot.dispatch.graph.shell import shell, whole_file
+from edgepilot.dispatch.graph.shell import shell, whole_file, whole_outline
 from edgepilot.dispatch.graph.signature import Shapes, signature_of
 from edgepilot.dispatch.measuring.digest import tensors_sha256
+from edgepilot.dispatch.measuring.output_check import OutputCheck
 from edgepilot.dispatch.measuring.runnable import (
     Feed,
+    Reference,
+    budget_first,
     published_reference,
     reference_for,
     reference_named,
@@ -53,8 +56,8 @@ class Start:
     targets: list[Target]      # those that run the whole model or some of its layers
     adopted: dict[str, Any] | None  # the published plan to adopt (None: plan here)
     ref: Target                # the reference target
-    # the reference's outputs on the calibration inputs; None: not made yet (``vouched``),
-    # ``outputs_of`` makes them when asked
+    # the reference's outputs on the calibration inputs (on the first only when ``budgeted``);
+    # None: not made yet (``vouched``), ``outputs_of`` makes them when asked
     ref_outputs: list[Feed] | None
     merges: list[str]          # layers the reference could not run alone, merged (planned here)
     # the reference's executable, open, when the adopted plan runs the whole model on it
@@ -64,6 +67,22 @@ class Start:
     outputs_of: Callable[[], list[Feed]] = field(default=lambda: [])
     ref_ms: list[float] = field(default_factory=list)  # the reference's run of each input
     budgeted: bool = False  # planned whole for the planning budget (measuring/budget.py)
+
+    def profile_inputs(self, feeds: list[Feed]) -> tuple[list[Feed], list[Feed] | None,
+                                                         list[float]]:
+        """The calibration inputs the profile runs, with the reference's outputs and runs on
+        them: a model planned whole in the budget is profiled on the first only (the
+        reference ran no other; the plan's check runs them all)."""
+        if self.budgeted:
+            return feeds[:1], (self.ref_outputs or [])[:1] or None, self.ref_ms[:1]
+        return feeds, self.ref_outputs, self.ref_ms
+
+    def output_check(self, feeds: list[Feed], metric: str) -> OutputCheck:
+        """How the plan's outputs are checked on ``feeds`` (see :class:`OutputCheck`)."""
+        if self.budgeted:  # the reference's outputs on the other inputs made if a plan asks
+            made = self.ref_outputs if len(self.ref_outputs or []) == len(feeds) else None
+            return OutputCheck(feeds, metric, made, self.outputs_of, same_as=str(self.ref))
+        return OutputCheck(feeds, metric, self.ref_outputs, self.outputs_of, self.vouched)
 
     @property
     def shell_of(self) -> dict[str, Any] | None:
@@ -86,25 +105,45 @@ def begin(exchange: PlanExchange | None, parts: Mapping[str, Any], path: Path, k
         if exchange is not None and kind == "onnx" else None
     if doc is not None and whole_file(doc):
         part = shell(path, files.sha256_of(path), shapes, doc["layers"], make)
+    known = None
+    if doc is None and kind == "onnx" and budget_s > 0:
+        # the reference's run decides the budget before a cut and its shape probe are paid
+        whole = whole_outline(path, files.sha256_of(path), shapes)
+        here = usable(whole, backends, targets) if whole is not None else []
+        known = budget_first(whole, backends, here, feeds, budget_s) \
+            if whole is not None and here else None
+        if whole is not None and known is not None and known.budgeted:
+            return Start(whole, here, None, known.target, known.outputs, known.merges,
+                         known.spare, ref_ms=known.ms, budgeted=True,
+                         outputs_of=functools.partial(reference_outputs, whole, backends,
+                                                      here, feeds, str(known.target)))
     try:
         return _begin(exchange, parts, signature, part or make(), backends, targets, feeds,
-                      budget_s)
+                      budget_s, known)
     except LayerMismatch as exc:  # only a shell raises it: refused, as a real cut would be
         assert exchange is not None and doc is not None
         exchange.drop(doc, exc.message, model_sha256=files.sha256_of(path))
         return _begin(exchange, parts, signature, make(), backends, targets, feeds, budget_s)
 
 
+def usable(part: Partition, backends: Mapping[str, Backend], targets: Sequence[Target]
+           ) -> list[Target]:
+    """Every target of a backend that takes this kind of model and runs some of it: one that
+    covers only some layers (a delegate) is a planning fact, used for the layers it covers."""
+    return [t for t in targets if t.backend in backends and covers_any(backends[t.backend],
+                                                                      part, t)]
+
+
 def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: str,
            part: Partition, backends: Mapping[str, Backend], targets: Sequence[Target],
-           feeds: Sequence[Feed], budget_s: float = 0.0) -> Start:
-    # keep every target of a backend that takes this kind of model: one that covers only
-    # some layers (a delegate) is a planning fact, used for the layers it covers
-    here = [t for t in targets if t.backend in backends and covers_any(backends[t.backend],
-                                                                      part, t)]
+           feeds: Sequence[Feed], budget_s: float = 0.0, known: Reference | None = None
+           ) -> Start:
+    here = usable(part, backends, targets)
     found = adoptable(exchange, parts, part, signature, backends, here, feeds) \
         if exchange is not None else None
     if found is not None:
+        if known is not None and known.spare is not None:
+            known.spare.close()  # the publisher's reference is the one run
         doc, ref, outputs, spare, vouched = found
         start = Start(part, here, doc, ref, outputs, [], spare, vouched)
         if vouched is not None:
@@ -114,7 +153,11 @@ def _begin(exchange: PlanExchange | None, parts: Mapping[str, Any], signature: s
     if part.make_real is not None:  # a shell whose plan was refused (its one event): cut it
         return _begin(None, parts, signature, part.make_real(), backends, targets, feeds,
                       budget_s)
-    found_ref = reference_for(part, backends, here, feeds, budget_s)
+    if known is not None and known.target not in here:  # not this cut's: found again
+        if known.spare is not None:
+            known.spare.close()
+        known = None
+    found_ref = reference_for(part, backends, here, feeds, budget_s, known)
     return Start(part, here, None, found_ref.target, found_ref.outputs, found_ref.merges,
                  found_ref.spare, ref_ms=found_ref.ms, budgeted=found_ref.budgeted)
 

@@ -26,7 +26,7 @@ from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.measuring.timing import burst_ms
 from edgepilot.dispatch.planning.choice import describe
-from edgepilot.dispatch.planning.plan import CostBuilder, Plan
+from edgepilot.dispatch.planning.plan import CostBuilder, Plan, segments_of
 from edgepilot.errors import EdgepilotError
 
 Runner = Callable[[dict[str, np.ndarray]], object]
@@ -228,3 +228,16 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                    "not faster beyond the noise")
     out.error, out.measured_ms, out.versus_single = check(single), v.single_ms, record
     return out, single
+
+
+def lost_before(builder: CostBuilder, targets: list[str], current: list[str]) -> bool:
+    """Whether the plan putting layer ``i`` on ``targets[i]`` has lost side by side to the
+    single target that ``current`` (the plan served) runs every layer on. A replan that
+    chooses it would compile it only for its recorded verdict to hand back the plan served
+    (:func:`_challenge`), in the request's path."""
+    if len(set(current)) != 1 or targets == current:
+        return False
+    segments = [[seg["target"], *seg["layers"]] for seg in segments_of(targets)]
+    return any(r.get("segments") == segments and r.get("target") == current[0]
+               and r.get("kept") == "single"
+               for r in builder.profile.extra.get("versus_all", []))
