@@ -4,7 +4,9 @@ Devices are short provider names (``cpu``, ``xnnpack``, ``qnn``, ``cuda`` ...). 
 device are what that provider actually runs: on ``cpu`` fp32, int8 (dynamic quantization, the
 fast int8 path of the CPU EP) and int4 (weight-only ``MatMulNBits``); NPU-style providers get
 QDQ int8; GPU providers fp16. ``supports`` builds the session with CPU fallback *disabled* for
-any device that is not ``cpu`` itself, so "supported" means every node runs there.
+any NPU-style device, so "supported" means every node runs there (GPU providers keep their
+shape arithmetic on the CPU, as they are built to). A provider onnxruntime lists but cannot load
+here (onnxruntime-gpu without a GPU or without TensorRT) is no device: ``unloadable`` says why.
 
 ``cpu-1t`` is the CPU provider held to one intra-op thread. onnxruntime's default pool (one
 thread per core, idle workers not spinning: see ``allow_spinning``) costs a wake-up and a join
@@ -15,7 +17,9 @@ Which one a model (or a layer) gets is the planner's choice from timings, like a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import os
 import threading
@@ -60,6 +64,7 @@ SINGLE_THREAD = "cpu-1t"
 DEVICE_PROVIDERS[SINGLE_THREAD] = "CPUExecutionProvider"
 # devices run by the CPU provider: every standard op, so support needs no trial session
 CPU_DEVICES = ("cpu", SINGLE_THREAD)
+GPU_DEVICES = ("cuda", "tensorrt", "webgpu")
 
 # precision -> variant recipe, per device; devices not listed get fp32 only
 DEVICE_PRECISIONS: dict[str, dict[str, str]] = {
@@ -150,6 +155,24 @@ class OnnxRuntimeBackend(Backend):
         self._models: dict[tuple[str, int, int], Any] = {}
         self._support: dict[tuple[str, str], Support] = {}
         self._lock = threading.Lock()
+        # provider -> why it is listed by onnxruntime but does not load here (doctor shows it)
+        self.unloadable: dict[str, str] = {}
+        self._loads: dict[str, bool] = {}
+        self._preload_gpu_libraries()
+
+    def _preload_gpu_libraries(self) -> None:
+        """Load CUDA/cuDNN from pip's nvidia-* wheels (onnxruntime-gpu[cuda,cudnn]) where the GPU
+        providers are built in: without it the CUDA provider finds no libcudart on a machine
+        whose CUDA is not in the system's library path, and silently runs nothing."""
+        gpu = {"CUDAExecutionProvider", "TensorrtExecutionProvider"}
+        preload = getattr(self._ort, "preload_dlls", None)
+        if preload is None or not gpu & set(self._ort.get_available_providers()):
+            return
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # it prints what it misses
+                preload()
+        except Exception as exc:  # a library it cannot find is reported by _provider_loads
+            log.debug("onnxruntime.preload_dlls: %s", exc)
 
     @property
     def cache_dir(self) -> Path | None:
@@ -174,11 +197,35 @@ class OnnxRuntimeBackend(Backend):
                 continue
             if wanted is not None and prov not in wanted and dev not in wanted:
                 continue
+            if dev not in CPU_DEVICES and not self._provider_loads(prov):
+                continue
             out.append(dev)
         if "CPUExecutionProvider" in available and self._single_thread_differs() and (
                 wanted is None or {SINGLE_THREAD, "cpu", "CPUExecutionProvider"} & set(wanted)):
             out.insert(out.index("cpu") + 1 if "cpu" in out else len(out), SINGLE_THREAD)
         return out
+
+    def _provider_loads(self, provider: str) -> bool:
+        """Whether ``provider`` builds a session here. onnxruntime-gpu lists CUDA and TensorRT
+        wherever it is installed; one whose libraries are missing (no GPU, no libnvinfer) is
+        skipped by onnxruntime with only a log line, and its "device" would measure the CPU."""
+        with self._lock:
+            known = self._loads.get(provider)
+        if known is not None:
+            return known
+        from edgepilot.backends.onnxrt_variants import identity_model
+
+        try:
+            self._session(identity_model(), PROVIDER_DEVICES[provider], strict=True)
+            ok = True
+        except Exception as exc:
+            ok = False
+            why = exc.message if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
+            self.unloadable[provider] = why
+            log.warning("onnxruntime lists %s but it does not load here: %s", provider, why)
+        with self._lock:
+            self._loads[provider] = ok
+        return ok
 
     def _single_thread_differs(self) -> bool:
         """Whether ``cpu-1t`` is another way to run than ``cpu`` here: off by setting, on a
@@ -240,12 +287,21 @@ class OnnxRuntimeBackend(Backend):
             # the running session needs (2x slower on 2 cores with one of them busy)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         provider = DEVICE_PROVIDERS[device]
-        if strict and device not in CPU_DEVICES:
-            # no silent CPU fallback: a node the provider does not take fails the session
+        if strict and device not in CPU_DEVICES and device not in GPU_DEVICES:
+            # no silent CPU fallback: a node the provider does not take fails the session.
+            # GPU providers are exempt: CUDA places shape arithmetic (Shape, Gather on shapes)
+            # on the CPU by design, so every dynamic Reshape would fail there
             opts.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         popts = self.settings.provider_options
         options = dict(popts.get(provider) or popts.get(device) or {})
-        return ort.InferenceSession(data, sess_options=opts, providers=[(provider, options)])
+        session = _session_class(ort)(data, sess_options=opts, providers=[(provider, options)])
+        if provider not in session.get_providers():
+            raise BackendError(
+                f"onnxruntime did not load {provider} here (it ran the session on "
+                f"{', '.join(session.get_providers())}): its libraries are missing or do not "
+                "match this onnxruntime build (for CUDA: pip install 'onnxruntime-gpu[cuda,cudnn]'"
+                " and a driver for that CUDA)", field="target")
+        return session
 
     def takes(self, kind: ModelKind) -> bool:
         return kind == "onnx"
@@ -284,6 +340,21 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(f"onnxruntime refused {segment.name or 'segment'} on {target}: "
                                f"{exc}") from None
         return OrtExecutable(session, target, len(data), hashlib.sha256(data).hexdigest())
+
+
+_STRICT_SESSION: dict[int, type] = {}
+
+
+def _session_class(ort: Any) -> type:
+    """``InferenceSession`` without its Python-side fallback: on a provider error it prints to
+    stdout (into ``plan --json``) and retries on CUDA/CPU, so a failing (segment, target) pair
+    would be measured on another target under this one's name. The error must reach us."""
+    cls = _STRICT_SESSION.get(id(ort))
+    if cls is None:
+        cls = type("StrictInferenceSession", (ort.InferenceSession,), {
+            "_enable_fallback": property(lambda self: False, lambda self, value: None)})
+        _STRICT_SESSION[id(ort)] = cls
+    return cls
 
 
 def _segment_key(segment: Segment) -> str:

@@ -52,6 +52,19 @@ def model_bytes(model: onnx.ModelProto) -> bytes:
     return bytes(model.SerializeToString(deterministic=True))
 
 
+def identity_model() -> bytes:
+    """The smallest model a provider can take (one float ``Identity``): whether the provider
+    builds a session at all, before any real model is tried on it."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return model_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                                         ir_version=8))
+
+
 def extract(model: onnx.ModelProto, inputs: tuple[str, ...],
             outputs: tuple[str, ...]) -> onnx.ModelProto:
     """The subgraph computing ``outputs`` from ``inputs`` (initializers it needs included)."""

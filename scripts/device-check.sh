@@ -11,7 +11,16 @@
 #   doctor.json                      `edgepilot doctor --json` (the targets it found)
 #   plan-NAME.json, bench-NAME.json  `plan --json` and `bench --json` of every real corpus model
 #                                    (tests/real_models.py) with every target installed
-#   device-check.json                what ran, the GPU, and the models that failed (one line each)
+#   device-check.json                what ran, the GPU, one summary row per model (plan targets,
+#                                    plan / best single / raw ms, planning_s) and the failures
+# Knobs (environment), for a machine with no registry access or little time:
+#   DEVICE_CHECK_INSTALL=0   install nothing: VENV already holds onnxruntime-gpu (and a CUDA
+#                            llama-cpp-python, if wanted)
+#   DEVICE_CHECK_WHEELS=DIR  install from the wheels in DIR only (pip --no-index)
+#   DEVICE_CHECK_LLAMA=0     skip the CUDA llama.cpp build (minutes of nvcc)
+#   DEVICE_CHECK_MODELS="a b"  only these corpus models (names of tests/real_models.py)
+#   DEVICE_CHECK_TIMEOUT=S   seconds each plan / bench may take (default 900)
+#   DEVICE_CHECK_RUNS=N      bench rounds (default 10)
 set -uo pipefail
 out="${1:?usage: scripts/device-check.sh OUT_DIR [VENV]}"
 venv="${2:-.venv}"
@@ -32,38 +41,79 @@ echo "device-check: CUDA device: $gpu"
 py="$venv/bin/python"
 [ -x "$py" ] || { echo "device-check: $py missing; run make install first" >&2; exit 1; }
 
-# onnxruntime-gpu replaces the CPU wheel (same module name); its CUDA libraries come as wheels
-"$py" -m pip uninstall -q -y onnxruntime >/dev/null 2>&1 || true
-"$py" -m pip install -q "onnxruntime-gpu[cuda,cudnn]" || "$py" -m pip install -q onnxruntime-gpu
-# llama.cpp with CUDA, built once per flags into the wheelhouse (several minutes the first time)
-if wheel="$(LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_NATIVE=OFF" PYTHON="$py" "$here/scripts/llama-wheel.sh")"; then
-  "$py" -m pip install -q --force-reinstall --no-deps "$wheel"
-else
-  echo "device-check: the CUDA llama-cpp-python build failed; GGUF stays on the CPU build" >&2
+pip_from=()
+[ -n "${DEVICE_CHECK_WHEELS:-}" ] && pip_from=(--no-index --find-links "$DEVICE_CHECK_WHEELS")
+if [ "${DEVICE_CHECK_INSTALL:-1}" != 0 ]; then
+  # onnxruntime-gpu replaces the CPU wheel (same module name); its CUDA libraries come as wheels
+  "$py" -m pip uninstall -q -y onnxruntime >/dev/null 2>&1 || true
+  "$py" -m pip install -q "${pip_from[@]}" "onnxruntime-gpu[cuda,cudnn]" \
+    || "$py" -m pip install -q "${pip_from[@]}" onnxruntime-gpu
 fi
+if [ "${DEVICE_CHECK_INSTALL:-1}" != 0 ] && [ "${DEVICE_CHECK_LLAMA:-1}" != 0 ]; then
+  # llama.cpp with CUDA, built once per flags into the wheelhouse (several minutes the first time)
+  if wheel="$(LLAMA_CMAKE_ARGS="-DGGML_CUDA=ON -DGGML_NATIVE=OFF" PYTHON="$py" "$here/scripts/llama-wheel.sh")"; then
+    "$py" -m pip install -q --force-reinstall --no-deps "$wheel"
+  else
+    echo "device-check: the CUDA llama-cpp-python build failed; GGUF stays on the CPU build" >&2
+  fi
+fi
+"$py" -c 'import onnxruntime as o; print("device-check: onnxruntime", o.__version__, "providers:", ", ".join(o.get_available_providers()))'
+limit="${DEVICE_CHECK_TIMEOUT:-900}"
+runs="${DEVICE_CHECK_RUNS:-10}"
 
 "$venv/bin/edgepilot" doctor --json > "$out/doctor.json" 2> "$out/doctor.err" || true
 state="$out/state"
 failed=()
 while IFS=$'\t' read -r name path args; do
   # shellcheck disable=SC2086  # args are --input-shape flags, split on purpose
-  if ! "$venv/bin/edgepilot" --state-dir "$state" plan --json "$path" $args \
+  echo "device-check: $name" >&2
+  if ! timeout "$limit" "$venv/bin/edgepilot" --state-dir "$state" plan --json "$path" $args \
       > "$out/plan-$name.json" 2> "$out/plan-$name.err"; then
     failed+=("$name plan: $(tail -n1 "$out/plan-$name.err")")
     continue
   fi
   # shellcheck disable=SC2086
-  "$venv/bin/edgepilot" --state-dir "$state" bench --json --runs 10 "$path" $args \
+  timeout "$limit" "$venv/bin/edgepilot" --state-dir "$state" bench --json --runs "$runs" "$path" $args \
     > "$out/bench-$name.json" 2> "$out/bench-$name.err" \
     || failed+=("$name bench: $(tail -n1 "$out/bench-$name.err")")
-done < <(PYTHONPATH="$here/tests" "$py" -c '
+done < <(PYTHONPATH="$here/tests${PYTHONPATH:+:$PYTHONPATH}" "$py" -c '
+import os
 from real_models import CORPUS
+wanted = os.environ.get("DEVICE_CHECK_MODELS", "").split()
+unknown = sorted(set(wanted) - {m.name for m in CORPUS})
+if unknown:
+    raise SystemExit(f"DEVICE_CHECK_MODELS: unknown {unknown}; allowed: {[m.name for m in CORPUS]}")
 for m in CORPUS:
-    print(m.name, m.path, " ".join(m.shape_args()), sep="\t")')
+    if not wanted or m.name in wanted:
+        print(m.name, m.path, " ".join(m.shape_args()), sep="\t")')
 
-"$py" - "$out/device-check.json" "$gpu" "${failed[@]}" <<'EOF'
-import json, sys
-path, gpu, failed = sys.argv[1], sys.argv[2], sys.argv[3:]
-json.dump({"cuda": True, "gpu": gpu, "failed": failed}, open(path, "w"), indent=2)
+"$py" - "$out" "$gpu" "${failed[@]}" <<'EOF'
+import json, pathlib, sys
+out, gpu, failed = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+rows = []
+for bench_file in sorted(out.glob("bench-*.json")):
+    name = bench_file.stem[len("bench-"):]
+    try:
+        b = json.loads(bench_file.read_text())
+        p = json.loads((out / f"plan-{name}.json").read_text())
+    except (OSError, ValueError):
+        continue
+    best = b.get("best_single")
+    rows.append({
+        "model": name, "planning_s": p.get("planning_s"), "plan_targets": b["plan"]["targets"],
+        "plan_ms": b["plan"]["median_ms"], "predicted_ms": b["plan"]["predicted_ms"],
+        "best_single": best, "best_single_ms": b["single"][best]["median_ms"] if best else None,
+        "speedup_vs_best_single": b.get("speedup_vs_best_single"),
+        "raw_ms": (b.get("raw") or {}).get("median_ms"),
+        "single_ms": {k: v["median_ms"] for k, v in b["single"].items()}})
+doctor = {}
+try:
+    doctor = json.loads((out / "doctor.json").read_text())
+except (OSError, ValueError):
+    pass
+targets = [t["target"] + " " + t["status"] for b in doctor.get("backends", [])
+           for t in b.get("targets", [])]
+json.dump({"cuda": True, "gpu": gpu, "targets": targets, "models": rows, "failed": failed},
+          open(out / "device-check.json", "w"), indent=2)
 EOF
 echo "device-check: JSON in $out (${#failed[@]} failure(s))"

@@ -205,6 +205,10 @@ def run_selftests(config: Config, names: list[str] | None = None,
             try:
                 if name == "onnxruntime":
                     res.targets = _onnx_probe(backend, targets, work)
+                    # listed by the runtime, unable to load here: a FAIL an operator can act on
+                    res.targets += [
+                        TargetResult(f"onnxruntime/{provider}", ok=False, reason=why)
+                        for provider, why in getattr(backend, "unloadable", {}).items()]
                 elif name in ("tflite", "armnn"):
                     res.targets = _tflite_probe(backend, targets, work)
                 elif name == "llamacpp":
