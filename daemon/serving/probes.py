@@ -27,7 +27,8 @@ from edgepilot.errors import EdgepilotError
 log = logging.getLogger(__name__)
 
 # quantized targets may differ from fp32 by this much (relative L2) and still PASS
-QUANT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "int8": 0.1, "int4": 0.25}
+# (tf32: fp32 storage, 10-bit-mantissa GPU math: 3.9e-4 on the probe model on an H200)
+QUANT_TOLERANCE = {"fp32": 1e-4, "tf32": 1e-2, "fp16": 1e-2, "int8": 0.1, "int4": 0.25}
 
 
 @dataclass

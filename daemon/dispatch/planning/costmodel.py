@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 # weight bytes relative to fp32 for each precision name the backends use
-PRECISION_BYTES = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int4": 0.125,
+PRECISION_BYTES = {"fp32": 1.0, "tf32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int4": 0.125,
                    "q8_0": 0.27, "q4_k_m": 0.14}
 
 
