@@ -40,6 +40,17 @@ fi
 echo "device-check: CUDA device: $gpu"
 py="$venv/bin/python"
 [ -x "$py" ] || { echo "device-check: $py missing; run make install first" >&2; exit 1; }
+# the models to run, checked before anything runs (a misspelt name is an error, not a no-op)
+models="$(PYTHONPATH="$here/tests${PYTHONPATH:+:$PYTHONPATH}" "$py" -c '
+import os
+from real_models import CORPUS
+wanted = os.environ.get("DEVICE_CHECK_MODELS", "").split()
+unknown = sorted(set(wanted) - {m.name for m in CORPUS})
+if unknown:
+    raise SystemExit(f"DEVICE_CHECK_MODELS: unknown {unknown}; allowed: {[m.name for m in CORPUS]}")
+for m in CORPUS:
+    if not wanted or m.name in wanted:
+        print(m.name, m.path, " ".join(m.shape_args()), sep="\t")')" || exit 2
 
 pip_from=()
 [ -n "${DEVICE_CHECK_WHEELS:-}" ] && pip_from=(--no-index --find-links "$DEVICE_CHECK_WHEELS")
@@ -65,8 +76,9 @@ runs="${DEVICE_CHECK_RUNS:-10}"
 state="$out/state"
 failed=()
 while IFS=$'\t' read -r name path args; do
-  # shellcheck disable=SC2086  # args are --input-shape flags, split on purpose
+  [ -n "$name" ] || continue
   echo "device-check: $name" >&2
+  # shellcheck disable=SC2086  # args are --input-shape flags, split on purpose
   if ! timeout "$limit" "$venv/bin/edgepilot" --state-dir "$state" plan --json "$path" $args \
       > "$out/plan-$name.json" 2> "$out/plan-$name.err"; then
     failed+=("$name plan: $(tail -n1 "$out/plan-$name.err")")
@@ -76,16 +88,7 @@ while IFS=$'\t' read -r name path args; do
   timeout "$limit" "$venv/bin/edgepilot" --state-dir "$state" bench --json --runs "$runs" "$path" $args \
     > "$out/bench-$name.json" 2> "$out/bench-$name.err" \
     || failed+=("$name bench: $(tail -n1 "$out/bench-$name.err")")
-done < <(PYTHONPATH="$here/tests${PYTHONPATH:+:$PYTHONPATH}" "$py" -c '
-import os
-from real_models import CORPUS
-wanted = os.environ.get("DEVICE_CHECK_MODELS", "").split()
-unknown = sorted(set(wanted) - {m.name for m in CORPUS})
-if unknown:
-    raise SystemExit(f"DEVICE_CHECK_MODELS: unknown {unknown}; allowed: {[m.name for m in CORPUS]}")
-for m in CORPUS:
-    if not wanted or m.name in wanted:
-        print(m.name, m.path, " ".join(m.shape_args()), sep="\t")')
+done <<< "$models"
 
 "$py" - "$out" "$gpu" "${failed[@]}" <<'EOF'
 import json, pathlib, sys

@@ -153,3 +153,29 @@ def test_single_thread_device_alone(mlp: Path) -> None:
     exe = backend.compile(Segment(mlp, "onnx", ("x",), ("y",)),
                           Target("onnxruntime", "cpu-1t", "int8"))
     assert _threads(exe) == 1
+
+
+def test_a_provider_that_does_not_load_is_no_device_and_says_why(
+        backend: OnnxRuntimeBackend, mlp: Path) -> None:
+    # onnxruntime-gpu lists CUDA wherever it is installed; here (the CPU wheel) CUDA cannot
+    # load either, and the same check must refuse it rather than time the CPU under its name
+    assert backend._provider_loads("CUDAExecutionProvider") is False
+    why = backend.unloadable["CUDAExecutionProvider"]
+    assert "CUDAExecutionProvider" in why
+    assert "cuda" not in backend.devices()
+    with pytest.raises(BackendError, match="cuda"):
+        backend.compile(Segment(mlp, "onnx", ("x",), ("y",)),
+                        Target("onnxruntime", "cuda", "fp32"))
+
+
+def test_sessions_never_fall_back_behind_our_back(backend: OnnxRuntimeBackend,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # onnxruntime's own fallback prints to stdout (into `plan --json`) and retries on another
+    # provider under this target's name: every session the backend builds has it off
+    from edgepilot.backends.onnxrt_variants import identity_model
+
+    session = backend._session(identity_model(), "cpu", strict=True)
+    assert session._enable_fallback is False
+    session._enable_fallback = True  # what ort's own __init__ does: ignored
+    assert session._enable_fallback is False
+    assert capsys.readouterr().out == ""

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(sys.executable).parent.parent  # the venv running the tests (make install's)
 
 
 def test_without_cuda_it_says_so_and_exits_0(tmp_path: Path) -> None:
@@ -30,3 +32,44 @@ def test_without_cuda_it_says_so_and_exits_0(tmp_path: Path) -> None:
     assert report["cuda"] is False and "no CUDA device" in report["reason"]
     # nothing was installed or planned
     assert sorted(p.name for p in out.iterdir()) == ["device-check.json"]
+
+
+def _fake_gpu_path(tmp_path: Path) -> str:
+    """PATH with an ``nvidia-smi`` that names a GPU: the script's CUDA path, run on this CPU."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "Test GPU, 1 MiB, 0.0"\n')
+    smi.chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}"
+
+
+def test_with_a_gpu_it_plans_benches_and_summarises_each_model(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": _fake_gpu_path(tmp_path), "DEVICE_CHECK_INSTALL": "0",
+           "DEVICE_CHECK_MODELS": "silero-vad", "DEVICE_CHECK_RUNS": "2"}
+    res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "device-check.sh"), str(out),
+                          str(VENV)], capture_output=True, text=True, timeout=600,
+                         check=False, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "CUDA device: Test GPU" in res.stdout
+    report = json.loads((out / "device-check.json").read_text())
+    assert report["cuda"] is True and report["failed"] == []
+    assert "onnxruntime/cpu/fp32 PASS" in report["targets"]
+    [row] = report["models"]
+    assert row["model"] == "silero-vad" and row["plan_targets"]
+    assert row["plan_ms"] > 0 and row["best_single"] in row["single_ms"]
+    assert row["planning_s"] is not None and row["raw_ms"] > 0
+
+
+def test_an_unknown_model_name_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": _fake_gpu_path(tmp_path), "DEVICE_CHECK_INSTALL": "0",
+           "DEVICE_CHECK_MODELS": "no-such-model"}
+    res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "device-check.sh"),
+                          str(tmp_path / "out"), str(VENV)], capture_output=True,
+                         text=True, timeout=300, check=False, env=env, cwd=ROOT)
+    assert res.returncode == 2
+    # refused before anything was installed or run
+    assert not (tmp_path / "out" / "doctor.json").exists()
+    assert "DEVICE_CHECK_MODELS: unknown ['no-such-model']" in res.stderr
+    assert "silero-vad" in res.stderr
