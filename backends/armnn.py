@@ -41,6 +41,8 @@ _runtime_lock = threading.Lock()
 _runtime: Any = None
 
 # Arm NN DataType names -> numpy dtype names
+# the custom operators Arm NN's TFLite parser implements (TfLiteParser.cpp: the SSD post-process)
+PARSER_CUSTOM_OPS = frozenset({"TFLite_Detection_PostProcess"})
 _DTYPES = {"Float32": "float32", "Float16": "float16", "QAsymmU8": "uint8",
            "QAsymmS8": "int8", "QSymmS8": "int8", "Signed32": "int32", "Boolean": "bool",
            "QSymmS16": "int16", "Signed64": "int64"}
@@ -213,6 +215,12 @@ class ArmnnBackend(Backend):
             content = segment.model_path.read_bytes()
         else:
             content = tflite_graph.cut(segment.model_path, segment.inputs, segment.outputs)
+        unknown = tflite_graph.custom_ops(content) - PARSER_CUSTOM_OPS
+        if unknown:
+            # refused before the parser sees them: on some (a precompiled NPU file's
+            # DISPATCH_OP) the native parser segfaults and takes the daemon with it
+            raise BackendError(f"Arm NN's TFLite parser takes no custom op "
+                               f"{', '.join(sorted(unknown))}", field="target")
         # the Debian parser reads files only; the cut model goes through a private temp file
         fd, tmp = tempfile.mkstemp(suffix=".tflite", prefix="edgepilot-armnn-")
         try:

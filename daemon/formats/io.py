@@ -12,9 +12,12 @@ from edgepilot.formats import tflite_graph
 from edgepilot.formats.file_cache import per_file
 from edgepilot.formats.spec import TensorSpec
 
+# STRING as ONNX strings are: numpy object arrays (of str or bytes)
 _TFLITE_DTYPES = {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8",
                   "INT64": "int64", "INT16": "int16", "INT8": "int8", "BOOL": "bool",
-                  "FLOAT64": "float64"}
+                  "FLOAT64": "float64", "STRING": "object", "COMPLEX64": "complex64",
+                  "COMPLEX128": "complex128", "UINT16": "uint16", "UINT32": "uint32",
+                  "UINT64": "uint64"}
 
 
 def tensor_specs(path: Path, kind: str) -> tuple[list[TensorSpec], list[TensorSpec]]:

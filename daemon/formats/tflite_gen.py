@@ -296,3 +296,54 @@ def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pack(model))
     return path
+
+
+def _one_op_model(path: Path, description: bytes, types: dict[str, tuple[int, list[int]]],
+                  ins: list[str], outs: list[str], builtin: int, custom: bytes = b"",
+                  options: Any = None, options_type: int = 0) -> Path:
+    """A file of one operator: ``types`` maps each tensor name to (TensorType, shape)."""
+    s, model, sg = _new_model(description)
+    index = {}
+    for name, (ttype, shape) in types.items():
+        t = s.TensorT()
+        t.name, t.shape, t.type, t.buffer = name.encode(), np.array(shape, np.int32), ttype, 0
+        sg.tensors.append(t)
+        index[name] = len(sg.tensors) - 1
+    code = s.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = builtin
+    code.customCode = custom or None
+    model.operatorCodes = [code]
+    o = s.OperatorT()
+    o.opcodeIndex = 0
+    o.inputs = np.array([index[n] for n in ins], dtype=np.int32)
+    o.outputs = np.array([index[n] for n in outs], dtype=np.int32)
+    o.builtinOptionsType, o.builtinOptions = options_type, options
+    sg.operators.append(o)
+    sg.inputs, sg.outputs = [index[n] for n in ins], [index[n] for n in outs]
+    model.subgraphs = [sg]
+    path.write_bytes(pack(model))
+    return path
+
+
+def write_string_gather_tflite(path: Path, *, words: int = 10, picks: int = 3) -> Path:
+    """``GATHER(input: string[words], indices: int32[picks]) -> output: string[picks]``: a
+    string input, as a vocabulary lookup exported to TFLite has."""
+    s = schema()
+    opts = s.GatherOptionsT()
+    opts.axis = 0
+    return _one_op_model(
+        path, b"edgepilot string gather",
+        {"input": (s.TensorType.STRING, [words]), "indices": (s.TensorType.INT32, [picks]),
+         "output": (s.TensorType.STRING, [picks])},
+        ["input", "indices"], ["output"], s.BuiltinOperator.GATHER, options=opts,
+        options_type=s.BuiltinOptions.GatherOptions)
+
+
+def write_custom_op_tflite(path: Path, op: str = "DISPATCH_OP", width: int = 8) -> Path:
+    """``x[1,width] -> CUSTOM op -> y``: a file whose only operator is a custom op no runtime
+    here resolves (an NPU vendor's precompiled dispatch op, say)."""
+    s = schema()
+    return _one_op_model(
+        path, b"edgepilot custom op", {"x": (s.TensorType.FLOAT32, [1, width]),
+                                       "y": (s.TensorType.FLOAT32, [1, width])},
+        ["x"], ["y"], s.BuiltinOperator.CUSTOM, custom=op.encode())

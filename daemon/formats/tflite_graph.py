@@ -271,6 +271,26 @@ def _prune_buffers(model: Any) -> None:
                                         dtype=np.int32)
 
 
+def custom_ops(data: bytes) -> set[str]:
+    """The custom operators a TFLite flatbuffer runs (every subgraph), by their own names."""
+    sch = schema()
+    try:
+        model = sch.Model.GetRootAs(data, 0)
+        found: set[str] = set()
+        for s in range(model.SubgraphsLength()):
+            sg = model.Subgraphs(s)
+            for i in range(sg.OperatorsLength()):
+                code = model.OperatorCodes(sg.Operators(i).OpcodeIndex())
+                if max(code.BuiltinCode(), code.DeprecatedBuiltinCode()) == \
+                        sch.BuiltinOperator.CUSTOM:
+                    raw = code.CustomCode()
+                    found.add(raw.decode() if isinstance(raw, bytes) else str(raw or "CUSTOM"))
+    except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
+        raise UnrunnableModel(f"not a readable TFLite model ({type(exc).__name__}: {exc})",
+                              field="file") from None
+    return found
+
+
 def has_variable_tensors(path: Path) -> bool:
     """Whether the main subgraph keeps variable tensors: state an operator (a stateful LSTM)
     writes on one invoke and reads on the next."""
