@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from edgepilot.backends import tflite_preflight as preflight
 from edgepilot.backends.base import (
     Backend,
     BackendUnavailable,
@@ -225,6 +226,7 @@ def ops_outside_delegates(interp: Any, n_ops: int) -> list[str]:
 def tensor_shapes(path: Path, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape when ``path`` runs on inputs of ``shapes`` (the interpreter's own
     shape propagation, builtin kernels, nothing delegated)."""
+    preflight.check(path)
     mod = _interpreter_module()
     try:
         interp = mod.Interpreter(model_path=str(path), experimental_op_resolver_type=(
@@ -282,6 +284,7 @@ class TfliteBackend(Backend):
     def supports(self, segment: Segment, target: Target) -> Support:
         if segment.kind != "tflite":
             return Support(False, f"the TFLite backend runs .tflite files, not {segment.kind}")
+        preflight.check(segment.model_path)  # a file the interpreter crashes on never loads here
         if target.device not in BUILTIN_DEVICES and target.device not in self.settings.delegates:
             return Support(False, f"unknown TFLite device {target.device!r}; configured: "
                                   f"{', '.join([*BUILTIN_DEVICES, *self.settings.delegates])}")

@@ -1,7 +1,9 @@
 """TFLite files as exporters and vendors write them, beyond float and int8 tensors: a string
-input (a vocabulary lookup) and a custom op of a vendor's precompiled NPU file. Planning takes
-the first like any input; the second exits 2 in one line, and Arm NN never hands it to its
-native parser (which segfaulted the whole process on such a file's DISPATCH_OP)."""
+input (a vocabulary lookup), a custom op of a vendor's precompiled NPU file, a file the
+interpreter aborts on. Planning takes the first like any input; the second exits 2 in one line,
+and Arm NN never hands it to its native parser (which segfaulted the whole process on such a
+file's DISPATCH_OP); the third is refused in one line (asked in a child process first) and the
+daemon goes on serving."""
 
 from __future__ import annotations
 
@@ -10,10 +12,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+from daemon_proc import DaemonProcess
+
 from edgepilot.backends.armnn import ArmnnBackend
 from edgepilot.backends.base import Segment, Target
 from edgepilot.formats.io import tensor_specs
-from edgepilot.formats.tflite_gen import write_custom_op_tflite, write_string_gather_tflite
+from edgepilot.formats.tflite_gen import (
+    write_custom_op_tflite,
+    write_mlp_tflite,
+    write_string_gather_tflite,
+    write_zero_scale_add_tflite,
+)
 
 CONFIG = """
 [dispatch]
@@ -58,3 +68,35 @@ def test_a_vendor_custom_op_exits_2_in_one_line_and_arm_nn_never_parses_it(
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
     assert "npu.tflite" in lines[0] and "DISPATCH_OP" in lines[0]
+
+
+def test_a_file_the_interpreter_crashes_on_is_refused_and_the_daemon_keeps_serving(
+        tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    broken = write_zero_scale_add_tflite(models / "broken.tflite")
+    good = write_mlp_tflite(models / "mlp.tflite", width=8, depth=2)
+    # what a user of the raw runtime sees: the process itself dies
+    raw = subprocess.run([sys.executable, "-c", "from ai_edge_litert.interpreter import "
+                          f"Interpreter; Interpreter(model_path={str(broken)!r})"
+                          ".allocate_tensors()"], capture_output=True, timeout=120, check=False)
+    assert raw.returncode < 0
+    res = cli(tmp_path, "plan", str(broken))
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "broken.tflite" in lines[0] and "SIGABRT" in lines[0], lines
+    d = DaemonProcess(tmp_path, CONFIG + f'[daemon]\nmodel_dir = "{models}"\n',
+                      extra_args=["--model-dir", str(models)]).start(timeout=120)
+    try:
+        zeros = {"data": [0] * 4, "dtype": "int8", "shape": [1, 4]}
+        code, err = d.request("POST", "/v1/infer/broken",
+                              {"inputs": {"a": zeros, "b": zeros}}, timeout=120)
+        assert code == 422, err
+        assert "crashes preparing" in err["error"]["message"]
+        x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+        code, ok = d.request("POST", "/v1/infer/mlp", {"inputs": {"input": {
+            "data": x.ravel().tolist(), "dtype": "float32", "shape": [1, 8]}}}, timeout=120)
+        assert code == 200, ok  # the daemon is still there, serving the other model
+        assert np.asarray(ok["outputs"]["output"]["data"]).size == 8
+    finally:
+        d.stop()

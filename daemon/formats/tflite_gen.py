@@ -300,13 +300,19 @@ def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, 
 
 def _one_op_model(path: Path, description: bytes, types: dict[str, tuple[int, list[int]]],
                   ins: list[str], outs: list[str], builtin: int, custom: bytes = b"",
-                  options: Any = None, options_type: int = 0) -> Path:
-    """A file of one operator: ``types`` maps each tensor name to (TensorType, shape)."""
+                  options: Any = None, options_type: int = 0,
+                  scales: dict[str, float] | None = None) -> Path:
+    """A file of one operator: ``types`` maps each tensor name to (TensorType, shape);
+    ``scales`` quantizes the tensors it names (that scale, zero point 0)."""
     s, model, sg = _new_model(description)
     index = {}
     for name, (ttype, shape) in types.items():
         t = s.TensorT()
         t.name, t.shape, t.type, t.buffer = name.encode(), np.array(shape, np.int32), ttype, 0
+        if scales and name in scales:
+            q = s.QuantizationParametersT()
+            q.scale, q.zeroPoint = [scales[name]], [0]
+            t.quantization = q
         sg.tensors.append(t)
         index[name] = len(sg.tensors) - 1
     code = s.OperatorCodeT()
@@ -347,3 +353,15 @@ def write_custom_op_tflite(path: Path, op: str = "DISPATCH_OP", width: int = 8) 
         path, b"edgepilot custom op", {"x": (s.TensorType.FLOAT32, [1, width]),
                                        "y": (s.TensorType.FLOAT32, [1, width])},
         ["x"], ["y"], s.BuiltinOperator.CUSTOM, custom=op.encode())
+
+
+def write_zero_scale_add_tflite(path: Path, width: int = 4) -> Path:
+    """An int8 ``ADD`` whose output scale is 0: it parses, and the interpreter aborts the
+    process preparing it (a failed check, SIGABRT), as a broken quantizer's output does."""
+    s = schema()
+    int8 = s.TensorType.INT8
+    return _one_op_model(
+        path, b"edgepilot zero-scale add", {"a": (int8, [1, width]), "b": (int8, [1, width]),
+                                            "y": (int8, [1, width])},
+        ["a", "b"], ["y"], s.BuiltinOperator.ADD, options=s.AddOptionsT(),
+        options_type=s.BuiltinOptions.AddOptions, scales={"a": 0.1, "b": 0.1, "y": 0.0})
