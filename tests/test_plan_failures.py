@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from cli_proc import FAST_PLANNING
+from cli_proc import run_cli as cli
 from daemon_proc import DaemonProcess
 from onnx import numpy_helper
 from real_models import UNRUNNABLE, by_name
@@ -31,24 +33,7 @@ from edgepilot.backends.base import TensorSpec
 from edgepilot.dispatch.graph.partition import partition
 from edgepilot.dispatch.graph.signature import resolve_shapes
 
-CONFIG = """
-[dispatch]
-profile_runs = 3
-warmup_runs = 1
-profile_passes = 1
-calibration_inputs = 1
-kernel_corpus = false
-[mqtt]
-enabled = false
-"""
-
-
-def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cfg = tmp / "edgepilot.toml"
-    cfg.write_text(CONFIG)
-    return subprocess.run(
-        [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir", str(tmp / "st"),
-         *args], capture_output=True, text=True, timeout=600, check=False)
+CONFIG = FAST_PLANNING
 
 
 def encode(feed: dict[str, np.ndarray]) -> dict[str, object]:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from cli_proc import FAST_PLANNING
+from cli_proc import run_cli as cli
 from daemon_proc import DaemonProcess
 
 from edgepilot.backends.armnn import ArmnnBackend
@@ -25,24 +27,7 @@ from edgepilot.formats.tflite_gen import (
     write_zero_scale_add_tflite,
 )
 
-CONFIG = """
-[dispatch]
-profile_runs = 3
-warmup_runs = 1
-profile_passes = 1
-calibration_inputs = 1
-kernel_corpus = false
-[mqtt]
-enabled = false
-"""
-
-
-def cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cfg = tmp / "edgepilot.toml"
-    cfg.write_text(CONFIG)
-    return subprocess.run(
-        [sys.executable, "-m", "edgepilot", "--config", str(cfg), "--state-dir", str(tmp / "st"),
-         *args], capture_output=True, text=True, timeout=600, check=False)
+CONFIG = FAST_PLANNING
 
 
 def test_a_string_input_is_an_input_like_any_other(tmp_path: Path) -> None:
@@ -75,7 +60,7 @@ def test_a_file_the_interpreter_crashes_on_is_refused_and_the_daemon_keeps_servi
     models = tmp_path / "models"
     models.mkdir()
     broken = write_zero_scale_add_tflite(models / "broken.tflite")
-    good = write_mlp_tflite(models / "mlp.tflite", width=8, depth=2)
+    write_mlp_tflite(models / "mlp.tflite", width=8, depth=2)
     # what a user of the raw runtime sees: the process itself dies
     raw = subprocess.run([sys.executable, "-c", "from ai_edge_litert.interpreter import "
                           f"Interpreter; Interpreter(model_path={str(broken)!r})"
