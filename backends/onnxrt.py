@@ -18,6 +18,7 @@ Which one a model (or a layer) gets is the planner's choice from timings, like a
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
@@ -158,10 +159,15 @@ class OnnxRuntimeBackend(Backend):
         self._models: dict[tuple[str, int, int], Any] = {}
         self._support: dict[tuple[str, str], Support] = {}
         self._lock = threading.Lock()
-        # provider -> why it is listed by onnxruntime but does not load here (doctor shows it)
-        self.unloadable: dict[str, str] = {}
-        self._loads: dict[str, bool] = {}
+        # provider -> "" when it builds a session here, else why not (asked once each)
+        self._loads: dict[str, str] = {}
         self._preload_gpu_libraries()
+
+    @property
+    def unloadable(self) -> dict[str, str]:
+        """Providers onnxruntime lists that do not load here, with why (doctor shows them)."""
+        with self._lock:
+            return {p: why for p, why in self._loads.items() if why}
 
     def _preload_gpu_libraries(self) -> None:
         """Load CUDA/cuDNN from pip's nvidia-* wheels (onnxruntime-gpu[cuda,cudnn]) where the GPU
@@ -215,20 +221,18 @@ class OnnxRuntimeBackend(Backend):
         with self._lock:
             known = self._loads.get(provider)
         if known is not None:
-            return known
+            return not known
         from edgepilot.backends.onnxrt_variants import identity_model
 
+        why = ""
         try:
             self._session(identity_model(), PROVIDER_DEVICES[provider], strict=True)
-            ok = True
         except Exception as exc:
-            ok = False
             why = exc.message if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
-            self.unloadable[provider] = why
             log.warning("onnxruntime lists %s but it does not load here: %s", provider, why)
         with self._lock:
-            self._loads[provider] = ok
-        return ok
+            self._loads[provider] = why
+        return not why
 
     def _single_thread_differs(self) -> bool:
         """Whether ``cpu-1t`` is another way to run than ``cpu`` here: off by setting, on a
@@ -349,19 +353,13 @@ class OnnxRuntimeBackend(Backend):
         return OrtExecutable(session, target, len(data), hashlib.sha256(data).hexdigest())
 
 
-_STRICT_SESSION: dict[int, type] = {}
-
-
+@functools.cache
 def _session_class(ort: Any) -> type:
     """``InferenceSession`` without its Python-side fallback: on a provider error it prints to
     stdout (into ``plan --json``) and retries on CUDA/CPU, so a failing (segment, target) pair
     would be measured on another target under this one's name. The error must reach us."""
-    cls = _STRICT_SESSION.get(id(ort))
-    if cls is None:
-        cls = type("StrictInferenceSession", (ort.InferenceSession,), {
-            "_enable_fallback": property(lambda self: False, lambda self, value: None)})
-        _STRICT_SESSION[id(ort)] = cls
-    return cls
+    return type("StrictInferenceSession", (ort.InferenceSession,), {
+        "_enable_fallback": property(lambda self: False, lambda self, value: None)})
 
 
 def _segment_key(segment: Segment) -> str:

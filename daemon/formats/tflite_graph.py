@@ -100,19 +100,29 @@ class Layer:
     outputs: tuple[str, ...]
 
 
+def _op_names(model: Any) -> list[tuple[str, bool]]:
+    """(name, is custom) of each operator code of ``model`` (object API): a builtin by its
+    schema name, a custom op by its own (what an error about it must say)."""
+    names = {v: k for k, v in vars(schema().BuiltinOperator).items() if not k.startswith("_")}
+    out = []
+    for code in model.operatorCodes or []:
+        opname = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
+        custom = opname == "CUSTOM"
+        if custom and code.customCode:
+            raw = code.customCode
+            opname = raw.decode() if isinstance(raw, bytes) else str(raw)
+        out.append((opname, custom))
+    return out
+
+
 def layers(path: Path) -> list[Layer]:
     """The main subgraph's operators in execution order."""
     model = load(path)
     sg = model.subgraphs[0]
-    names = {v: k for k, v in vars(schema().BuiltinOperator).items() if not k.startswith("_")}
+    op_names = _op_names(model)
     out = []
     for i, op in enumerate(sg.operators or []):
-        code = model.operatorCodes[op.opcodeIndex]
-        opname = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
-        if opname == "CUSTOM" and code.customCode:
-            # a custom op by its own name: what an error about it must say
-            raw = code.customCode
-            opname = raw.decode() if isinstance(raw, bytes) else str(raw)
+        opname = op_names[op.opcodeIndex][0]
         ins = tuple(_name(sg.tensors[t]) for t in _ints(op.inputs) if t >= 0
                     and not _is_const(model, sg.tensors[t]))
         outs = tuple(_name(sg.tensors[t]) for t in _ints(op.outputs))
@@ -273,22 +283,14 @@ def _prune_buffers(model: Any) -> None:
 
 def custom_ops(data: bytes) -> set[str]:
     """The custom operators a TFLite flatbuffer runs (every subgraph), by their own names."""
-    sch = schema()
     try:
-        model = sch.Model.GetRootAs(data, 0)
-        found: set[str] = set()
-        for s in range(model.SubgraphsLength()):
-            sg = model.Subgraphs(s)
-            for i in range(sg.OperatorsLength()):
-                code = model.OperatorCodes(sg.Operators(i).OpcodeIndex())
-                if max(code.BuiltinCode(), code.DeprecatedBuiltinCode()) == \
-                        sch.BuiltinOperator.CUSTOM:
-                    raw = code.CustomCode()
-                    found.add(raw.decode() if isinstance(raw, bytes) else str(raw or "CUSTOM"))
+        model = schema().ModelT.InitFromPackedBuf(data, 0)
     except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
         raise UnrunnableModel(f"not a readable TFLite model ({type(exc).__name__}: {exc})",
                               field="file") from None
-    return found
+    op_names = _op_names(model)
+    return {op_names[op.opcodeIndex][0] for sg in model.subgraphs or []
+            for op in sg.operators or [] if op_names[op.opcodeIndex][1]}
 
 
 def has_variable_tensors(path: Path) -> bool:

@@ -52,9 +52,11 @@ def merged(answers: list[dict[str, Any]]) -> dict[str, Any]:
     return first
 
 
+COUNT_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
 def _summed(usages: list[dict[str, Any]]) -> dict[str, Any]:
-    counts = {k: sum(int(u.get(k) or 0) for u in usages)
-              for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    counts = {k: sum(int(u.get(k) or 0) for u in usages) for k in COUNT_KEYS}
     joules = [u.get("energy_j") for u in usages]
     energy = None if any(j is None for j in joules) else float(sum(joules))  # type: ignore[arg-type]
     return {**counts, **energy_usage(energy, counts["completion_tokens"])}
@@ -91,8 +93,6 @@ async def chained(jobs: list[Job], start: Callable[[Any, dict[str, Any]], Awaita
             await items.aclose()
     summed = _summed([{**u, "energy_j": e} for u, e in zip(usages, energy, strict=True)]) \
         if usages else {}
-    counts = {k: int(summed.get(k) or 0)
-              for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    yield StreamEnd(None if failed or not usages else counts,
+    yield StreamEnd(None if failed or not usages else {k: summed[k] for k in COUNT_KEYS},
                     {"energy_j": summed.get("energy_j"),
                      "joules_per_token": summed.get("joules_per_token")})
