@@ -3,8 +3,11 @@
 Some runtimes write informational lines to stderr from C++, past Python's logging and with no
 switch to turn them off (LiteRT prints ``INFO: Created TensorFlow Lite XNNPACK delegate for
 CPU.`` once per process, whatever ``TF_CPP_MIN_LOG_LEVEL`` says). :func:`stderr_without`
-sends fd 2 to a temporary file around such a call and writes back every line except the ones
+sends fd 2 to a temporary file around such a call and writes back everything but the messages
 named, so nothing else printed meanwhile (another thread's log line) is lost, only delayed.
+The messages are cut out, not the lines holding them: LiteRT writes its severity, its message
+and its newline in three writes, and another thread's line written between them shares the
+native message's line (a daemon's "measuring the kernel corpus" line was lost that way).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -19,6 +23,10 @@ from collections.abc import Iterator, Sequence
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
+# where a dropped message was, and the severity the runtime wrote just before it (if nothing
+# came between them): both go, whatever another thread wrote around them stays
+_CUT = b"\x00edgepilot-cut\x00"
+_SEVERITY = re.compile(rb"(?:(?:INFO|WARNING|ERROR): )?" + re.escape(_CUT))
 
 
 @contextlib.contextmanager
@@ -43,9 +51,11 @@ def stderr_without(drop: Sequence[bytes]) -> Iterator[list[bytes]]:
                 os.dup2(saved, 2)
                 os.close(saved)
                 tmp.seek(0)
-                keep: list[bytes] = []
-                for line in tmp.read().splitlines(keepends=True):
-                    (dropped if any(d in line for d in drop) else keep).append(line)
+                data = tmp.read()
+                for d in drop:
+                    dropped += [d] * data.count(d)
+                    data = _SEVERITY.sub(b"", data.replace(d, _CUT))
+                keep = [ln for ln in data.splitlines(keepends=True) if ln.strip()]
                 if keep:
                     with contextlib.suppress(OSError):
                         os.write(2, b"".join(keep))

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 BUILTIN_DEVICES = ("xnnpack", "cpu")
 # printed to fd 2 by the runtime when its first XNNPACK delegate is made (once per process)
-XNNPACK_LINE = b"Created TensorFlow Lite XNNPACK delegate"
+XNNPACK_LINE = b"Created TensorFlow Lite XNNPACK delegate for CPU."
 _xnnpack_started = False
 
 
