@@ -6,6 +6,8 @@
 #   LLAMA_CPP_VERSION   version to build (default pinned below)
 #   LLAMA_CMAKE_ARGS    cmake flags (default portable: -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF)
 #   EDGEPILOT_WHEELHOUSE  where wheels are kept (default ~/.cache/edgepilot/wheelhouse)
+#   LLAMA_PIP_ARGS      more pip arguments, e.g. offline: --no-index --find-links DIR --no-build-isolation
+#                       (DIR holding llama_cpp_python-VERSION.tar.gz; the build tools then come from the machine)
 # On a board, build native for speed:  LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON" scripts/llama-wheel.sh
 # --cached: print the wheel's path if it is built already, else exit 1 (builds nothing).
 set -euo pipefail
@@ -28,9 +30,10 @@ if [ -z "$wheel" ]; then
   echo "building llama.cpp (llama-cpp-python $version, CMAKE_ARGS='$flags') from source, once:" \
        "roughly $est min on $cores cores; later installs reuse it from $house" >&2
   tmp=$(mktemp -d)
+  # shellcheck disable=SC2086  # LLAMA_PIP_ARGS are several arguments, split on purpose
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL="$cores" \
     "$python" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
-    -w "$tmp" "llama-cpp-python==$version" >"$tmp/build.log" 2>&1 &
+    ${LLAMA_PIP_ARGS:-} -w "$tmp" "llama-cpp-python==$version" >"$tmp/build.log" 2>&1 &
   pid=$!
   start=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do

@@ -47,7 +47,8 @@ def _fake_gpu_path(tmp_path: Path) -> str:
 def test_with_a_gpu_it_plans_benches_and_summarises_each_model(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PATH": _fake_gpu_path(tmp_path), "DEVICE_CHECK_INSTALL": "0",
-           "DEVICE_CHECK_MODELS": "silero-vad", "DEVICE_CHECK_RUNS": "2"}
+           "DEVICE_CHECK_MODELS": "silero-vad", "DEVICE_CHECK_RUNS": "2",
+           "DEVICE_CHECK_GGUF": "none"}
     res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "device-check.sh"), str(out),
                           str(VENV)], capture_output=True, text=True, timeout=600,
                          check=False, env=env, cwd=ROOT)
@@ -73,3 +74,37 @@ def test_an_unknown_model_name_is_refused_with_the_allowed_ones(tmp_path: Path) 
     assert not (tmp_path / "out" / "doctor.json").exists()
     assert "DEVICE_CHECK_MODELS: unknown ['no-such-model']" in res.stderr
     assert "silero-vad" in res.stderr
+
+
+def test_a_gguf_is_planned_and_timed_raw_beside_its_plan(tmp_path: Path) -> None:
+    from edgepilot.formats.gguf_gen import GgufSpec, write_gguf
+
+    gguf = write_gguf(tmp_path / "tiny.gguf", GgufSpec())
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": _fake_gpu_path(tmp_path), "DEVICE_CHECK_INSTALL": "0",
+           "DEVICE_CHECK_MODELS": "none", "DEVICE_CHECK_GGUF": str(gguf)}
+    res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "device-check.sh"), str(out),
+                          str(VENV)], capture_output=True, text=True, timeout=600,
+                         check=False, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((out / "device-check.json").read_text())
+    assert report["failed"] == [] and report["models"] == []
+    row = report["gguf"]
+    # this llama.cpp build has no GPU backend: every block on the CPU, both in the plan and raw
+    assert row["n_gpu_layers"] == 0 and row["decode_tokens_per_s"] > 0
+    assert "no GPU backend" in row["note"] and row["planning_s"] >= 0
+    [raw] = row["raw"]
+    assert raw["n_gpu_layers"] == 0 and raw["decode_ms_per_token"] > 0 and raw["n_threads"] >= 1
+
+
+def test_a_missing_gguf_is_a_named_failure(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": _fake_gpu_path(tmp_path), "DEVICE_CHECK_INSTALL": "0",
+           "DEVICE_CHECK_MODELS": "none", "DEVICE_CHECK_GGUF": str(tmp_path / "gone.gguf")}
+    res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "device-check.sh"), str(out),
+                          str(VENV)], capture_output=True, text=True, timeout=300,
+                         check=False, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    report = json.loads((out / "device-check.json").read_text())
+    assert report["failed"] == [f"gguf: no such file: {tmp_path / 'gone.gguf'}"]
+    assert report["gguf"] is None

@@ -107,7 +107,8 @@ def test_a_sound_plan_is_found_and_adopted_when_its_figures_hold(doc: dict[str, 
     # the publisher's fastest run is compared with this board's: two medians taken under
     # different loads may differ by more than the tolerance while the fastest runs agree
     fastest = doc["fastest_ms"]
-    assert len(fastest) == 1 + len(doc["segment_ms"]) and fastest[0] <= ms
+    # (the fastest runs come from another timing than measured_ms: no order between them)
+    assert len(fastest) == 1 + len(doc["segment_ms"]) and all(f > 0 for f in fastest)
     assert ex.adopt(doc, "mlp", segs, ms * 1.5, doc["segment_ms"], 0.1,
                     fastest=[f * 1.05 for f in fastest])
     assert not ex.adopt(doc, "mlp", segs, ms, doc["segment_ms"], 0.1,
