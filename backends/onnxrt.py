@@ -240,6 +240,16 @@ class OnnxRuntimeBackend(Backend):
         return (self.settings.single_thread and (os.cpu_count() or 1) > 1
                 and self.settings.intra_op_threads != 1)
 
+    def user_providers(self) -> list[str]:
+        """The providers a user of this machine would hand ``InferenceSession`` for the whole
+        file: CUDA first where it loads here (a GPU machine's user runs the GPU), then CPU."""
+        available = self._ort.get_available_providers()
+        gpu = [p for p in ("CUDAExecutionProvider",) if p in available
+               and (self.settings.providers is None or p in self.settings.providers
+                    or PROVIDER_DEVICES[p] in self.settings.providers)
+               and self._provider_loads(p)]
+        return [*gpu, "CPUExecutionProvider"]
+
     def probe(self) -> list[Target]:
         return [Target(self.name, dev, prec) for dev in self.devices()
                 for prec in DEVICE_PRECISIONS.get(dev, {"fp32": "fp32"})]

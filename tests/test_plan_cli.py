@@ -77,6 +77,8 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
         assert row.get("p95_ms", row["median_ms"]) >= row["median_ms"]
     assert data["single"]["onnxruntime/cpu/fp32"]["error"] < 1e-5
     assert data["raw"]["median_ms"] > 0
+    # no GPU provider loads here: the raw side is what a user of this machine runs, the CPU
+    assert data["raw"]["runtime"] == "onnxruntime CPUExecutionProvider"
 
 
 def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
