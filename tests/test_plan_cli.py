@@ -111,3 +111,15 @@ def test_plan_over_http_and_commands(tmp_path: Path, daemon_factory: Any) -> Non
         assert d.request("GET", "/healthz")[0] == 200  # still serving
     finally:
         d.stop()
+
+
+def test_bench_times_a_target_compiled_to_another_ones_bytes_once(tmp_path: Path) -> None:
+    # no MatMul weights to pack: int4 of this CNN is its fp32 model, byte for byte
+    onnx_gen.small_cnn(tmp_path / "models" / "cnn.onnx", size=16, channels=(4,))
+    res = cli(tmp_path, "bench", "cnn", "--json", "--runs", "2")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert "onnxruntime/cpu/int4" not in data["single"]
+    assert data["skipped"]["onnxruntime/cpu/int4"] == \
+        "the same compiled model as onnxruntime/cpu/fp32"
+    assert {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"} <= set(data["single"])
