@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from board_fixtures import build_tree
+from plan_reasons import planned_here
 
 from edgepilot.board.board import Board
 from edgepilot.config import parse_config
@@ -230,7 +231,7 @@ def test_published_layer_names_this_file_does_not_cut_are_refused(tmp_path: Path
     alien["layers"][1] = "L1:Add:no_such_node"
     ex, emit = offer(alien)
     body = second_board(tmp_path, first, ex, "s2").plan_for("mlp")
-    assert body["reason"] == "initial" and not body["from_cache"]
+    assert planned_here(body["reason"]) and not body["from_cache"]
     assert [e["type"] for e in emit.events] == ["plan.rejected"]
     assert emit.events[0]["reason"].startswith("layer boundaries differ")
     # this file's operators, in order, but cut finer than this board cuts it: served whole as
@@ -247,7 +248,7 @@ def test_published_layer_names_this_file_does_not_cut_are_refused(tmp_path: Path
     md = second.latest("mlp")
     assert isinstance(md, ModelDispatch)
     changed, plan = md.replan("command", force=True)
-    assert changed and plan.reason == "initial" and len(plan.layers) == len(doc["layers"])
+    assert changed and planned_here(plan.reason) and len(plan.layers) == len(doc["layers"])
     assert [e["type"] for e in emit.events] == ["plan.adopted", "plan.rejected"]
     assert emit.events[1]["reason"].startswith("layer boundaries differ")
     # what is published now for the file is this board's own plan, measured on its own cut

@@ -24,6 +24,7 @@ from board_fixtures import FakeBoard, build_tree
 from daemon_proc import DaemonProcess
 from mqtt_fixtures import Broker, Recorder, broker, wait_for  # noqa: F401
 from paho.mqtt.enums import CallbackAPIVersion
+from plan_reasons import planned_here
 
 from edgepilot.formats.onnx_gen import mlp_stack
 
@@ -77,10 +78,6 @@ def start(tmp: Path, brk: Broker, device: str, models: Path, root: FakeBoard,
     return d, status["fleet"]["fingerprint"]
 
 
-def planned_here(plan: dict[str, Any]) -> bool:
-    """Measured and planned on this board: reason "initial", or the single target that plan
-    lost to side by side (a verdict of this machine's timing, see planning/versus.py)."""
-    return plan["reason"] == "initial" or plan["reason"].startswith("single target")
 
 
 def events(rec: Recorder, device: str, kind: str) -> list[dict[str, Any]]:
@@ -148,7 +145,7 @@ def test_identical_boards_share_plans(tmp_path: Path, broker: Broker,  # noqa: F
         assert wide_b["reason"] == "fleet" and wide_b["from_cache"]
         assert wide_b["segments"] == plans_a["wide"]["segments"]
         # the refused plan was planned here instead
-        assert planned_here(mlp_b) and not mlp_b["from_cache"]
+        assert planned_here(mlp_b["reason"]) and not mlp_b["from_cache"]
         rejected = wait_for(lambda: (lambda r: r if len(r) >= 3 else None)(
             events(rec, "b", "plan.rejected")), what="b's three rejections")
         reasons = sorted(e["reason"].split(":")[0].split(" ")[0] for e in rejected)
@@ -166,7 +163,7 @@ def test_identical_boards_share_plans(tmp_path: Path, broker: Broker,  # noqa: F
         started.append(c)
         assert fp_c != fp_a
         wide_c = plan(c, "wide")
-        assert planned_here(wide_c) and not events(rec, "c", "plan.adopted")
+        assert planned_here(wide_c["reason"]) and not events(rec, "c", "plan.adopted")
         wait_for(lambda: events(rec, "c", "plan.published"), what="c publishes its own")
         assert not events(rec, "c", "plan.rejected")  # it never saw the Orin's plans
     finally:
