@@ -149,6 +149,40 @@ def test_streamed_chat_and_generate_equal_the_whole_ones(client: ollama.Client) 
     assert raw.response != gen.response
 
 
+def test_logprobs_are_the_openai_routes_whole_and_streamed(client: ollama.Client,
+                                                           daemon: DaemonProcess) -> None:
+    client.chat(model="smol", messages=MESSAGES, options=GREEDY)  # the prefix, as above
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+    want = oa.chat.completions.create(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                      max_tokens=12, temperature=0, logprobs=True,
+                                      top_logprobs=2)
+    assert want.choices[0].logprobs is not None and want.choices[0].logprobs.content
+    expected = [(e.token, e.logprob, [t.token for t in e.top_logprobs])
+                for e in want.choices[0].logprobs.content]
+    got = client.chat(model="smol", messages=MESSAGES, options=GREEDY, logprobs=True,
+                      top_logprobs=2)
+    assert got.logprobs is not None
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs or []])
+            for e in got.logprobs] == expected
+    # the tokens write the answer; each chunk of a stream carries its own text's tokens
+    assert "".join(e.token for e in got.logprobs) == got.message.content
+    pieces = list(client.chat(model="smol", messages=MESSAGES, options=GREEDY, logprobs=True,
+                              top_logprobs=2, stream=True))
+    assert [(e.token, e.logprob) for p in pieces for e in p.logprobs or []] \
+        == [(t, lp) for t, lp, _ in expected]
+    assert all("".join(e.token for e in p.logprobs or []) == (p.message.content or "")
+               for p in pieces if not p.done)
+    gen = client.generate(model="smol", prompt="The capital of France is", raw=True,
+                          options=GREEDY, logprobs=True)
+    assert gen.logprobs and "".join(e.token for e in gen.logprobs) == gen.response
+    assert all(not e.top_logprobs for e in gen.logprobs)  # top_logprobs 0: none
+    # without logprobs asked, none are sent; a count over 20 is a 400 naming the field
+    assert client.chat(model="smol", messages=MESSAGES, options=GREEDY).logprobs is None
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="smol", messages=MESSAGES, logprobs=True, top_logprobs=21)
+    assert err.value.status_code == 400 and "top_logprobs" in err.value.error
+
+
 def test_options_are_checked_by_name_and_unknown_ones_ignored(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as bad:
         client.chat(model="smol", messages=MESSAGES, options={"temperature": "hot"})

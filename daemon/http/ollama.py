@@ -117,6 +117,8 @@ def _common(gen: Generator, body: Common) -> tuple[str, float | None, dict[str, 
     params = sampler_params(body.options)
     params.update(format_params(body.format))
     _no_think(body.think)
+    if body.logprobs:  # top_logprobs counts only with logprobs on, as Ollama reads it
+        params["logprobs_top"] = body.top_logprobs
     return name, keep, params
 
 

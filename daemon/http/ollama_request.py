@@ -190,6 +190,8 @@ class Common(_Body):
     format: str | dict[str, Any] | None = None
     keep_alive: float | str | None = None
     think: bool | str | None = None
+    logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
 
 
 class ChatBody(Common):

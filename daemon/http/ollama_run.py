@@ -100,6 +100,7 @@ class Run:
     finish: str = "stop"
     tools: ToolRequest | None = None  # the answer may be a tool call: parsed when whole
     base: str = ""  # the model loaded (name without its adapter)
+    logprobs: bool = False  # the request asked for each answer token's logprob
 
     def timings(self, end: int) -> dict[str, Any]:
         return {"done_reason": self.finish,
@@ -152,7 +153,8 @@ async def start(gen: Generator, name: str, kind: Literal["chat", "complete"], pr
     items = await gen.generate(name, kind, prompt, params, stream=True)
     assert not isinstance(items, dict)
     return Run(name, kind, items, started, load_ns, asked, time.perf_counter_ns(), keep,
-               tools=tools if tools is not None and tools.active else None, base=base)
+               tools=tools if tools is not None and tools.active else None, base=base,
+               logprobs="logprobs_top" in params)
 
 
 def _tool_calls(deltas: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,8 +170,9 @@ def _tool_calls(deltas: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def events(run: Run) -> AsyncIterator[tuple[str, Any]]:
-    """``("text", str)``, ``("tool_calls", list)``, ``("error", exc)``; the run's usage and
-    finish reason are set when they end."""
+    """``("text", str)``, ``("tool_calls", list)``, ``("logprobs", list)`` (the entries of the
+    tokens of the text that follows: OpenAI's chat shape is Ollama's), ``("error", exc)``; the
+    run's usage and finish reason are set when they end."""
     calls: dict[int, dict[str, Any]] = {}
     held: list[str] = []  # an answer that may be a tool call is parsed whole
     try:
@@ -181,6 +184,8 @@ async def events(run: Run) -> AsyncIterator[tuple[str, Any]]:
                 yield "error", item
                 return
             for choice in item.get("choices") or []:
+                if entries := (choice.get("logprobs") or {}).get("content"):
+                    yield "logprobs", entries
                 if choice.get("finish_reason"):
                     run.finish = "length" if choice["finish_reason"] == "length" else "stop"
                 if run.kind == "complete":
@@ -231,6 +236,16 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
 
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
+    # logprob entries not yet sent: a stream sends them with the text they wrote
+    logprobs: list[dict[str, Any]] = []
+
+    def with_logprobs(part: dict[str, Any]) -> dict[str, Any]:
+        if run.logprobs:
+            part["logprobs"] = list(logprobs)
+            if stream:
+                logprobs.clear()
+        return part
+
     try:
         async for kind, value in events(run):
             if kind == "error":
@@ -240,9 +255,11 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
                 return
             if kind == "tool_calls":
                 calls = value
+            elif kind == "logprobs":
+                logprobs.extend(value)
             elif stream:
-                yield {"model": run.name, "created_at": now_iso(), key: body(value),
-                       "done": False}
+                yield with_logprobs({"model": run.name, "created_at": now_iso(),
+                                     key: body(value), "done": False})
             else:
                 texts.append(value)
     finally:
@@ -252,9 +269,10 @@ async def parts(run: Run, gen: Generator, *, chat: bool, stream: bool
                             key: body("".join(texts), calls), "done": True,
                             **run.timings(end)}
     if calls and stream:
-        yield {"model": run.name, "created_at": now_iso(), key: body("", calls), "done": False}
+        yield with_logprobs({"model": run.name, "created_at": now_iso(), key: body("", calls),
+                             "done": False})
         last[key] = body("")
-    yield last
+    yield with_logprobs(last)
 
 
 async def ndjson(items: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
