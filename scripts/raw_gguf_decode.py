@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from typing import Any
 
 import llama_cpp
+
+from edgepilot.dispatch.gguf.measure import reference_tokens, time_request
 
 
 def measure(path: str, n_gpu_layers: int, prompt_tokens: int, decode_tokens: int,
@@ -26,23 +27,15 @@ def measure(path: str, n_gpu_layers: int, prompt_tokens: int, decode_tokens: int
     """Medians over ``rounds`` (after one warm-up) of prefill and decode ms per token."""
     llm = llama_cpp.Llama(path, n_gpu_layers=n_gpu_layers,
                           n_ctx=prompt_tokens + decode_tokens + 8, verbose=False)
-    vocab = int(llm.n_vocab())
-    # the plan's own token ids, so both sides decode the same request
-    prompt = [(17 + 31 * i) % vocab for i in range(prompt_tokens)]
-    nxt = [(5 + 7 * i) % vocab for i in range(decode_tokens)]
+    # the plan's own request, timed the plan's way, on the runtime the user would load
+    prompt, nxt = reference_tokens(int(llm.n_vocab()), prompt_tokens, decode_tokens)
     prefill: list[float] = []
     decode: list[float] = []
     for r in range(rounds + 1):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt)
-        t1 = time.perf_counter()
-        for tok in nxt:
-            llm.eval([tok])
-        t2 = time.perf_counter()
+        pre, dec = time_request(llm, prompt, nxt)
         if r:
-            prefill.append((t1 - t0) * 1e3 / prompt_tokens)
-            decode.append((t2 - t1) * 1e3 / decode_tokens)
+            prefill.append(pre)
+            decode.append(dec)
     threads = int(llm.context_params.n_threads)
     llm.close()
     return {"n_gpu_layers": n_gpu_layers, "n_threads": threads, "rounds": rounds,

@@ -30,6 +30,27 @@ Hold = Callable[[], AbstractContextManager[Any]]
 
 
 
+def reference_tokens(vocab: int, prompt_tokens: int, decode_tokens: int
+                     ) -> tuple[list[int], list[int]]:
+    """The reference request's token ids: a prompt and the tokens decoded after it (fixed,
+    spread over the vocabulary; what they mean does not change what they cost)."""
+    return ([(17 + 31 * i) % vocab for i in range(prompt_tokens)],
+            [(5 + 7 * i) % vocab for i in range(decode_tokens)])
+
+
+def time_request(llm: Any, prompt: list[int], nxt: list[int]) -> tuple[float, float]:
+    """Prefill ``prompt`` in one batch from an empty context, then decode ``nxt`` one token
+    at a time on a ``llama_cpp.Llama``: (prefill, decode) ms per token."""
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    t1 = time.perf_counter()
+    for tok in nxt:
+        llm.eval([tok])
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e3 / len(prompt), (t2 - t1) * 1e3 / len(nxt)
+
+
 def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: int,
             threads: list[int], prompt_tokens: int, decode_tokens: int,
             rounds: int = ROUNDS, max_rounds: int = MAX_ROUNDS,
@@ -52,25 +73,17 @@ def measure(backend: LlamaCppBackend, path: Path, info: GgufInfo, n_gpu_layers: 
         return [Measurement(t, n_gpu_layers, None, None, exc.message) for t in threads]
     try:
         llm = exe.llm
-        vocab = int(llm.n_vocab())
-        prompt = [(17 + 31 * i) % vocab for i in range(prompt_tokens)]
-        nxt = [(5 + 7 * i) % vocab for i in range(decode_tokens)]
+        prompt, nxt = reference_tokens(int(llm.n_vocab()), prompt_tokens, decode_tokens)
         prefill: dict[int, list[float]] = {t: [] for t in threads}
         decode: dict[int, list[float]] = {t: [] for t in threads}
         def one_round(order: list[int], counted: bool) -> None:
             # on the llama.cpp thread, like serving (see LlamaThread), inside the hold
             for t in order:
                 exe.set_threads(t)
-                llm.reset()
-                t0 = time.perf_counter()
-                llm.eval(prompt)
-                t1 = time.perf_counter()
-                for tok in nxt:
-                    llm.eval([tok])
-                t2 = time.perf_counter()
+                pre, dec = time_request(llm, prompt, nxt)
                 if counted:
-                    prefill[t].append((t1 - t0) * 1e3 / prompt_tokens)
-                    decode[t].append((t2 - t1) * 1e3 / decode_tokens)
+                    prefill[t].append(pre)
+                    decode[t].append(dec)
 
         target, r = rounds, 0
         while True:
