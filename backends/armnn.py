@@ -32,6 +32,7 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
+from edgepilot.backends.child_check import crash
 from edgepilot.errors import BackendError
 from edgepilot.formats import tflite_graph
 
@@ -43,6 +44,24 @@ _runtime: Any = None
 # Arm NN DataType names -> numpy dtype names
 # the custom operators Arm NN's TFLite parser implements (TfLiteParser.cpp: the SSD post-process)
 PARSER_CUSTOM_OPS = frozenset({"TFLite_Detection_PostProcess"})
+# the whole file built for one target as _build does, in a child process first: Arm NN asserts
+# on some files (reducing a float file with per-channel int8 weights to fp16 aborts in
+# GetQuantizationScale), and an assert is a SIGABRT that ends the daemon (see child_check)
+_CHILD = """
+import sys
+import pyarmnn as ann
+path, device, precision = sys.argv[1:4]
+try:
+    parser = ann.ITfLiteParser()
+    network = parser.CreateNetworkFromBinaryFile(path)
+    options = ann.OptimizerOptions()
+    options.m_ReduceFp32ToFp16 = precision == "fp16"
+    rt = ann.IRuntime(ann.CreationOptions())
+    optimized, _ = ann.Optimize(network, [ann.BackendId(device)], rt.GetDeviceSpec(), options)
+    rt.LoadNetwork(optimized)
+except Exception:
+    pass
+"""
 _DTYPES = {"Float32": "float32", "Float16": "float16", "QAsymmU8": "uint8",
            "QAsymmS8": "int8", "QSymmS8": "int8", "Signed32": "int32", "Boolean": "bool",
            "QSymmS16": "int16", "Signed64": "int64"}
@@ -221,6 +240,11 @@ class ArmnnBackend(Backend):
             # DISPATCH_OP) the native parser segfaults and takes the daemon with it
             raise BackendError(f"Arm NN's TFLite parser takes no custom op "
                                f"{', '.join(sorted(unknown))}", field="target")
+        died = crash(_CHILD, Path(segment.model_path), target.device, target.precision)
+        if died:
+            raise BackendError(f"Arm NN crashes building {Path(segment.model_path).name} for "
+                               f"{target} ({died}); that target cannot run this file",
+                               field="target")
         # the Debian parser reads files only; the cut model goes through a private temp file
         fd, tmp = tempfile.mkstemp(suffix=".tflite", prefix="edgepilot-armnn-")
         try:

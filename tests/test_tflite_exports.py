@@ -20,9 +20,10 @@ from daemon_proc import DaemonProcess
 from edgepilot.backends.armnn import ArmnnBackend
 from edgepilot.backends.base import Segment, Target
 from edgepilot.formats.io import tensor_specs
-from edgepilot.formats.tflite_gen import (
+from edgepilot.formats.tflite_gen import write_mlp_tflite
+from edgepilot.formats.tflite_traps import (
     write_custom_op_tflite,
-    write_mlp_tflite,
+    write_hybrid_conv_tflite,
     write_string_gather_tflite,
     write_zero_scale_add_tflite,
 )
@@ -85,3 +86,20 @@ def test_a_file_the_interpreter_crashes_on_is_refused_and_the_daemon_keeps_servi
         assert np.asarray(ok["outputs"]["output"]["data"]).size == 8
     finally:
         d.stop()
+
+
+def test_a_float_file_with_per_channel_int8_weights_plans_without_arm_nn_fp16(
+        tmp_path: Path) -> None:
+    # dynamic-range quantization's output: Arm NN asserts reducing it to fp16 (SIGABRT), so
+    # the build is asked of a child first; before, `plan` and the daemon died with it
+    path = write_hybrid_conv_tflite(tmp_path / "hybrid.tflite")
+    segment = Segment(path, "tflite", ("x",), ("y",))
+    support = ArmnnBackend().supports(segment, Target("armnn", "CpuRef", "fp16"))
+    assert not support and "Arm NN crashes building hybrid.tflite" in support.reason
+    assert "SIGABRT" in support.reason and "fp16" in support.reason
+    res = cli(tmp_path, "plan", "--json", str(path))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["error"] <= plan["tolerance"]
+    assert all(s["target"].startswith("tflite/") for s in plan["segments"])
+    assert "Traceback" not in res.stderr

@@ -18,7 +18,7 @@ import numpy as np
 from edgepilot.formats.tflite_graph import load, pack, schema
 
 
-def _new_model(description: bytes) -> tuple[Any, Any, Any]:
+def new_model(description: bytes) -> tuple[Any, Any, Any]:
     """The schema module, an empty model (its one empty buffer) and its empty main subgraph."""
     s = schema()
     model = s.ModelT()
@@ -52,7 +52,7 @@ def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int 
                      seed: int = 0, head: Literal["logistic", "log_softmax"] = "logistic"
                      ) -> Path:
     """Write ``x[batch,width] -> (FC+RELU)×depth -> ADD(residual) -> head -> y``."""
-    s, model, sg = _new_model(b"edgepilot random MLP")
+    s, model, sg = new_model(b"edgepilot random MLP")
     rng = np.random.default_rng(seed)
     codes: dict[int, int] = {}
 
@@ -249,7 +249,7 @@ def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, 
     """Write ``x[1,width] -> FC+RELU -> SVDF -> FC -> y``: the SVDF keeps its activation
     history in a variable tensor (``isVariable``) between invokes, as a streaming keyword
     spotter or a stateful LSTM export does, so the same input gives another output each call."""
-    s, model, sg = _new_model(b"edgepilot stateful SVDF")
+    s, model, sg = new_model(b"edgepilot stateful SVDF")
     rng = np.random.default_rng(seed)
     units = filters // rank
 
@@ -296,72 +296,3 @@ def write_stateful_svdf_tflite(path: Path, *, width: int = 8, filters: int = 8, 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pack(model))
     return path
-
-
-def _one_op_model(path: Path, description: bytes, types: dict[str, tuple[int, list[int]]],
-                  ins: list[str], outs: list[str], builtin: int, custom: bytes = b"",
-                  options: Any = None, options_type: int = 0,
-                  scales: dict[str, float] | None = None) -> Path:
-    """A file of one operator: ``types`` maps each tensor name to (TensorType, shape);
-    ``scales`` quantizes the tensors it names (that scale, zero point 0)."""
-    s, model, sg = _new_model(description)
-    index = {}
-    for name, (ttype, shape) in types.items():
-        t = s.TensorT()
-        t.name, t.shape, t.type, t.buffer = name.encode(), np.array(shape, np.int32), ttype, 0
-        if scales and name in scales:
-            q = s.QuantizationParametersT()
-            q.scale, q.zeroPoint = [scales[name]], [0]
-            t.quantization = q
-        sg.tensors.append(t)
-        index[name] = len(sg.tensors) - 1
-    code = s.OperatorCodeT()
-    code.builtinCode = code.deprecatedBuiltinCode = builtin
-    code.customCode = custom or None
-    model.operatorCodes = [code]
-    o = s.OperatorT()
-    o.opcodeIndex = 0
-    o.inputs = np.array([index[n] for n in ins], dtype=np.int32)
-    o.outputs = np.array([index[n] for n in outs], dtype=np.int32)
-    o.builtinOptionsType, o.builtinOptions = options_type, options
-    sg.operators.append(o)
-    sg.inputs, sg.outputs = [index[n] for n in ins], [index[n] for n in outs]
-    model.subgraphs = [sg]
-    path.write_bytes(pack(model))
-    return path
-
-
-def write_string_gather_tflite(path: Path, *, words: int = 10, picks: int = 3) -> Path:
-    """``GATHER(input: string[words], indices: int32[picks]) -> output: string[picks]``: a
-    string input, as a vocabulary lookup exported to TFLite has."""
-    s = schema()
-    opts = s.GatherOptionsT()
-    opts.axis = 0
-    return _one_op_model(
-        path, b"edgepilot string gather",
-        {"input": (s.TensorType.STRING, [words]), "indices": (s.TensorType.INT32, [picks]),
-         "output": (s.TensorType.STRING, [picks])},
-        ["input", "indices"], ["output"], s.BuiltinOperator.GATHER, options=opts,
-        options_type=s.BuiltinOptions.GatherOptions)
-
-
-def write_custom_op_tflite(path: Path, op: str = "DISPATCH_OP", width: int = 8) -> Path:
-    """``x[1,width] -> CUSTOM op -> y``: a file whose only operator is a custom op no runtime
-    here resolves (an NPU vendor's precompiled dispatch op, say)."""
-    s = schema()
-    return _one_op_model(
-        path, b"edgepilot custom op", {"x": (s.TensorType.FLOAT32, [1, width]),
-                                       "y": (s.TensorType.FLOAT32, [1, width])},
-        ["x"], ["y"], s.BuiltinOperator.CUSTOM, custom=op.encode())
-
-
-def write_zero_scale_add_tflite(path: Path, width: int = 4) -> Path:
-    """An int8 ``ADD`` whose output scale is 0: it parses, and the interpreter aborts the
-    process preparing it (a failed check, SIGABRT), as a broken quantizer's output does."""
-    s = schema()
-    int8 = s.TensorType.INT8
-    return _one_op_model(
-        path, b"edgepilot zero-scale add", {"a": (int8, [1, width]), "b": (int8, [1, width]),
-                                            "y": (int8, [1, width])},
-        ["a", "b"], ["y"], s.BuiltinOperator.ADD, options=s.AddOptionsT(),
-        options_type=s.BuiltinOptions.AddOptions, scales={"a": 0.1, "b": 0.1, "y": 0.0})
