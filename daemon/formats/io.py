@@ -62,6 +62,11 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
         raise UnrunnableModel(f"{path.name} is not a readable ONNX model: it holds no graph "
                               f"outputs ({path.stat().st_size} bytes)", field="file")
     inits = {i.name for i in model.graph.initializer}
+    outputs = list(model.graph.output)
+    if any(not o.type.WhichOneof("value") for o in outputs):
+        # a graph output may be declared by name alone (legal ONNX; onnxscript-style builders
+        # write it): onnx's shape inference finds its type, as onnxruntime does when it runs
+        outputs = _inferred_outputs(model)
 
     def spec(vi: onnx.ValueInfoProto, role: str) -> TensorSpec:
         tt = vi.type.tensor_type
@@ -76,10 +81,24 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
                                   field="file") from None
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                       for d in tt.shape.dim)
-        return TensorSpec(vi.name, dtype, shape)
+        # no shape field at all is an unknown rank, not a scalar (a scalar has an empty one)
+        return TensorSpec(vi.name, dtype, shape, rank_known=tt.HasField("shape"))
 
     return ([spec(v, "input") for v in model.graph.input if v.name not in inits],
-            [spec(v, "output") for v in model.graph.output])
+            [spec(v, "output") for v in outputs])
+
+
+def _inferred_outputs(model: Any) -> list[Any]:
+    """The graph's outputs with the types onnx's shape inference gives those declared without
+    one (kept as declared where it finds none)."""
+    from onnx import shape_inference
+
+    try:
+        inferred = shape_inference.infer_shapes(model).graph.output
+    except Exception:  # inference refuses some graphs; the untyped output then says so
+        return list(model.graph.output)
+    typed = {o.name: o for o in inferred if o.type.WhichOneof("value")}
+    return [typed.get(o.name, o) for o in model.graph.output]
 
 
 _ZIPMAP = (" (skl2onnx writes a classifier's probabilities as a sequence of maps, ZipMap: "
@@ -99,7 +118,9 @@ def _kind_of(t: Any) -> str:
         return "a map"
     if which == "optional_type":
         return "an optional " + _kind_of(t.optional_type.elem_type).removeprefix("a ")
-    return f"a {str(which or 'type of no kind').replace('_type', '').replace('_', ' ')}"
+    if not which:
+        return "declared without a type (and onnx's shape inference finds none)"
+    return f"a {str(which).replace('_type', '').replace('_', ' ')}"
 
 
 def _is_zipmap(t: Any) -> bool:

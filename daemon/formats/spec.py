@@ -36,8 +36,12 @@ class Segment:
 
 @dataclass
 class TensorSpec:
-    """A model input or output: name, dtype, dims (a str or None for a dynamic dim)."""
+    """A model input or output: name, dtype, dims (a str or None for a dynamic dim).
+
+    ``rank_known`` is False for an ONNX tensor that declares a type and no shape at all (not
+    even how many dims): ``shape`` is then ``()`` and means nothing; any shape is taken."""
 
     name: str
     dtype: str
     shape: tuple[int | str | None, ...]
+    rank_known: bool = True

@@ -43,7 +43,7 @@ def check_inputs(specs: Sequence[TensorSpec], inputs: dict[str, np.ndarray]) -> 
         if str(arr.dtype) != spec.dtype:
             raise CommandError(f"input {name!r} has dtype {dtype_name(arr.dtype)}; the model "
                                f"wants {dtype_name(spec.dtype)}", field=f"inputs.{name}.dtype")
-        if not shape_matches(spec.shape, arr.shape):
+        if spec.rank_known and not shape_matches(spec.shape, arr.shape):
             raise CommandError(f"input {name!r} has shape {list(arr.shape)}; the model wants "
                                f"{shape_text(spec.shape)}", field=f"inputs.{name}.shape")
 

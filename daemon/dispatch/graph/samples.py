@@ -209,6 +209,8 @@ def name_rule(spec: TensorSpec) -> Rule:
     if _MASK.search(name):
         return Rule("ones")
     shape = spec.shape
+    if not spec.rank_known:
+        return Rule("normal")
     if len(shape) <= 1 and all(isinstance(d, int) and d <= 3 for d in shape):
         # a speed or length scale: drawn from N(0, 1) it was near 0 or negative, and
         # Kokoro TTS at speed 0.02 writes 50x the audio (68 s a run instead of 1.4 s)

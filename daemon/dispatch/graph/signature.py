@@ -87,6 +87,9 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
             continue
         shape = tuple(int(d) for d in given[spec.name])
         check_dims(spec.name, shape, "input_shape")
+        if not spec.rank_known:  # the file says nothing of its dims: the shape given is it
+            out[spec.name] = shape
+            continue
         if len(shape) != len(spec.shape):
             raise PlanError(f"model {model!r} input {spec.name!r} has {len(spec.shape)} dims "
                             f"{_fmt(spec.shape)}; the shape given has {len(shape)}: "
@@ -107,6 +110,11 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
     for spec in specs:
         if spec.name in out:
             continue
+        if not spec.rank_known:
+            raise PlanError(
+                f"model {model!r} input {spec.name!r} declares no shape, not even its number "
+                f"of dims; give its shape with {hint} (e.g. {spec.name}=1x3x224x224 for an "
+                "image)", field="input_shape")
         if defaults is not None and spec.name in defaults and not any(
                 shared_symbol(d) and d in bound for d in spec.shape):
             out[spec.name] = tuple(int(d) for d in defaults[spec.name])

@@ -1,0 +1,58 @@
+"""ONNX files that declare less than most: an input with a type and no shape at all (not even
+its rank), an output declared by name alone. Both are legal ONNX and onnxruntime runs them;
+``plan`` asks for what it must know in one line and plans the rest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from cli_proc import run_cli as cli
+from onnx import TensorProto, helper
+
+from edgepilot.formats.io import tensor_specs
+
+
+def _relu_model(path: Path, x: onnx.ValueInfoProto, y: onnx.ValueInfoProto) -> Path:
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]),
+                               helper.make_node("Mul", ["h", "two"], ["y"])],
+                              "g", [x], [y],
+                              [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_input_of_unknown_rank_asks_for_its_shape_and_takes_any_rank(tmp_path: Path) -> None:
+    path = _relu_model(tmp_path / "norank.onnx",
+                       helper.make_tensor_value_info("x", TensorProto.FLOAT, None),
+                       helper.make_tensor_value_info("y", TensorProto.FLOAT, None))
+    [x], _ = tensor_specs(path, "onnx")
+    assert not x.rank_known and x.dtype == "float32"
+    res = cli(tmp_path, "plan", str(path))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'x' declares no shape" in lines[0] and "--input-shape" in lines[0]
+    # before: the missing shape read as a scalar, and the right shape was refused as 4 dims
+    res = cli(tmp_path, "plan", "--json", "--input-shape", "x=1x4x4x2", str(path))
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert plan["input_shapes"] == {"x": [1, 4, 4, 2]} and plan["error"] == 0
+
+
+def test_an_output_declared_by_name_alone_gets_its_type_from_shape_inference(
+        tmp_path: Path) -> None:
+    path = _relu_model(tmp_path / "untyped.onnx",
+                       helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                       onnx.ValueInfoProto(name="y"))
+    raw = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert raw.run(None, {"x": np.ones((2, 3), np.float32)})[0].shape == (2, 3)
+    _, [y] = tensor_specs(path, "onnx")
+    assert (y.name, y.dtype, y.shape) == ("y", "float32", (2, 3))
+    res = cli(tmp_path, "plan", "--json", str(path))
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["error"] == 0
