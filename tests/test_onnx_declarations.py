@@ -1,6 +1,7 @@
-"""ONNX files that declare less than most: an input with a type and no shape at all (not even
-its rank), an output declared by name alone. Both are legal ONNX and onnxruntime runs them;
-``plan`` asks for what it must know in one line and plans the rest."""
+"""ONNX files that declare less than most, or more than a runtime here has: an input with a type
+and no shape at all (not even its rank), an output declared by name alone (both legal ONNX that
+onnxruntime runs: ``plan`` asks for what it must know in one line and plans the rest), and an
+operator of a custom-op library (refused in one line naming it, before any question of shapes)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,26 @@ def test_an_output_declared_by_name_alone_gets_its_type_from_shape_inference(
     res = cli(tmp_path, "plan", "--json", str(path))
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["error"] == 0
+
+
+def test_a_custom_op_librarys_operator_is_named_before_any_shape_is_asked(
+        tmp_path: Path) -> None:
+    # onnxruntime-extensions' tokenizer: a string input of open length, an op no schema here has
+    node = helper.make_node("BertTokenizer", ["text"], ["ids"], domain="ai.onnx.contrib")
+    graph = helper.make_graph([node], "tok",
+                              [helper.make_tensor_value_info("text", TensorProto.STRING, ["n"])],
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["m"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("ai.onnx.contrib", 1)])
+    path = tmp_path / "tok.onnx"
+    onnx.save(model, str(path))
+    res = cli(tmp_path, "plan", str(path))
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert "tok.onnx" in line and "ai.onnx.contrib:BertTokenizer" in line
+    assert "--input-shape" not in line  # before: asked for a shape that could not help
+    # given a shape anyway: one line, the reason once for every target that gave it
+    res = cli(tmp_path, "plan", "--input-shape", "text=1", str(path))
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert line.count("BertTokenizer") == 1 and "onnxruntime/cpu-1t/fp32" in line

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from edgepilot.config import Config
-from edgepilot.dispatch.graph.signature import Shapes, resolve_shapes
+from edgepilot.dispatch.graph.signature import Shapes, refuse_unregistered_ops, resolve_shapes
+from edgepilot.errors import PlanError
 from edgepilot.formats.io import tensor_specs
 
 PLANNED_KINDS = {".onnx": "onnx", ".tflite": "tflite", ".gguf": "gguf"}
@@ -27,4 +28,8 @@ def planning_shapes(config: Config, name: str, path: Path,
         from edgepilot.dispatch.graph.tflite_layers import default_shapes
 
         defaults = default_shapes(path)
-    return resolve_shapes(name, specs, merged, defaults=defaults)
+    try:
+        return resolve_shapes(name, specs, merged, defaults=defaults)
+    except PlanError:
+        refuse_unregistered_ops(path)
+        raise

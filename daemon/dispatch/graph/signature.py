@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from edgepilot.backends.base import TensorSpec
-from edgepilot.errors import PlanError
+from edgepilot.errors import PlanError, UnrunnableModel
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,27 @@ def file_shapes(model: str, path: Path, specs: Sequence[TensorSpec]) -> Shapes:
         from edgepilot.dispatch.graph.tflite_layers import default_shapes
 
         defaults = default_shapes(path)
-    return resolve_shapes(model, specs, {}, defaults=defaults)
+    try:
+        return resolve_shapes(model, specs, {}, defaults=defaults)
+    except PlanError:
+        refuse_unregistered_ops(path)
+        raise
+
+
+def refuse_unregistered_ops(path: Path) -> None:
+    """Raise UnrunnableModel, naming them, when an ONNX file uses operators onnxruntime has
+    no schema for (a custom-op library's): asked before its shapes, which cannot help it."""
+    if path.suffix.lower() != ".onnx":
+        return
+    from edgepilot.backends.onnxrt_ops import unregistered_ops
+    from edgepilot.formats.onnx_outline import onnx_outline
+
+    ops = unregistered_ops(onnx_outline(path))
+    if ops:
+        shown = ", ".join(ops[:6]) + (f" and {len(ops) - 6} more" if len(ops) > 6 else "")
+        raise UnrunnableModel(f"{path.name}: no runtime here runs this model: onnxruntime "
+                              f"registers no operator {shown} (a custom-op library's, such as "
+                              "onnxruntime-extensions')", field="model")
 
 
 def open_dims_hint(path: Path, specs: Sequence[TensorSpec], shapes: Shapes) -> str:

@@ -198,6 +198,9 @@ def _strip(message: str, part: Partition) -> str:
     error line already says."""
     text = " ".join(message.split())
     text = re.sub(rf"^.*?{re.escape(part.model_path.name)} on \S+: ", "", text)
+    # "onnxruntime refused STEM[0:1] on T: why" (a segment's name, not the file's)
+    text = re.sub(rf"^(\w+) refused {re.escape(part.model_path.stem)}\[\d+:\d+\] on \S+: ",
+                  r"\1: ", text)
     # "onnxruntime failed on T: why": the targets are listed after the reason, once for all
     text = re.sub(r"^(\w+) failed on \S+: ", r"\1: ", text)
     # a native log repeats one complaint per tensor, sentences run together ("3.Tensor 33")
