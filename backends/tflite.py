@@ -77,6 +77,12 @@ def _interpreter_module() -> Any:
     return interpreter
 
 
+# what one_line says of a file's operators the interpreter lacks: no input shape changes that
+UNRESOLVED = "is not resolved by the TFLite interpreter"
+FLEX_OPS = ("the file uses Select TensorFlow (Flex) ops, which need TensorFlow's Flex delegate; "
+            "this TFLite interpreter has none")
+
+
 def one_line(exc: BaseException) -> str:
     """A runtime's error as one line: the op an interpreter could not resolve named first (its
     message is several lines with a link), otherwise the message with whitespace collapsed."""
@@ -86,7 +92,9 @@ def one_line(exc: BaseException) -> str:
         text = text[:half]
     op = re.search(r"unresolved custom op: (\S+?)\.? ", text + " ")
     if op:
-        return f"custom op {op.group(1)} is not resolved by the TFLite interpreter"
+        return f"custom op {op.group(1)} {UNRESOLVED}"
+    if "Select TensorFlow op" in text:
+        return FLEX_OPS
     return text[:300]
 
 
@@ -145,9 +153,12 @@ class TfliteExecutable(Executable):
         try:
             self.interp.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
+            why = one_line(exc)
+            if why == FLEX_OPS or why.endswith(UNRESOLVED):  # whatever the shapes
+                raise BackendError(why, field="model") from None
             raise BackendError(f"TFLite cannot run input shapes "
                                f"{ {n: list(np.shape(inputs[n])) for n, _, _ in self._feed} }: "
-                               f"{one_line(exc)}", field="inputs") from None
+                               f"{why}", field="inputs") from None
         self._index()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -105,6 +105,18 @@ def test_a_broken_file_exits_2_with_one_line_naming_it(tmp_path: Path, damage: s
     assert len(lines) == 1 and bad.name in lines[0], res.stderr
 
 
+def test_a_model_saved_under_the_other_extension_is_told_its_name(tmp_path: Path) -> None:
+    tflite = by_name("selfie-segmentation").path.read_bytes()
+    onnx_bytes = by_name("silero-vad").path.read_bytes()
+    for name, data, fix in (("seg.onnx", tflite, "name it seg.tflite"),
+                            ("vad.tflite", onnx_bytes, "name it vad.onnx")):
+        (tmp_path / name).write_bytes(data)
+        res = cli(tmp_path, "plan", str(tmp_path / name))
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1, res.stderr
+        assert name in lines[0] and fix in lines[0], lines[0]
+
+
 def test_an_empty_onnx_file_and_one_without_operators_exit_2_naming_them(
         tmp_path: Path) -> None:
     import onnx

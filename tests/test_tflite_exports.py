@@ -103,3 +103,16 @@ def test_a_float_file_with_per_channel_int8_weights_plans_without_arm_nn_fp16(
     assert plan["error"] <= plan["tolerance"]
     assert all(s["target"].startswith("tflite/") for s in plan["segments"])
     assert "Traceback" not in res.stderr
+
+
+def test_select_tensorflow_ops_are_named_and_no_shape_is_suggested(tmp_path: Path) -> None:
+    # a Flex op in a dynamic-batch file: before, the line ended advising --input-shape, which
+    # gave the same error
+    path = write_custom_op_tflite(tmp_path / "lm.tflite", op="FlexSentencepieceOp",
+                                  open_batch=True)
+    assert tensor_specs(path, "tflite")[0][0].shape == (None, 8)
+    res = cli(tmp_path, "plan", str(path))
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert "lm.tflite" in line and "Select TensorFlow (Flex) ops" in line
+    assert "--input-shape" not in line and "input shapes" not in line

@@ -10,6 +10,7 @@ import numpy as np
 from edgepilot.errors import ModelError, UnrunnableModel
 from edgepilot.formats import tflite_graph
 from edgepilot.formats.file_cache import per_file
+from edgepilot.formats.sniff import misnamed
 from edgepilot.formats.spec import TensorSpec
 
 # STRING as ONNX strings are: numpy object arrays (of str or bytes)
@@ -56,8 +57,8 @@ def _onnx_specs(path: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     try:
         model = onnx_outline(path)
     except Exception as exc:  # onnx raises DecodeError and friends
-        raise UnrunnableModel(f"{path.name} is not a readable ONNX model: {exc}",
-                              field="file") from None
+        raise UnrunnableModel(f"{path.name} is not a readable ONNX model: {exc}"
+                              f"{misnamed(path, 'onnx')}", field="file") from None
     if not model.graph.output:  # an empty file parses as an empty model: nothing to run
         raise UnrunnableModel(f"{path.name} is not a readable ONNX model: it holds no graph "
                               f"outputs ({path.stat().st_size} bytes)", field="file")

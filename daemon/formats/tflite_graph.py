@@ -19,6 +19,7 @@ import flatbuffers
 import numpy as np
 
 from edgepilot.errors import BackendError, UnrunnableModel
+from edgepilot.formats.sniff import misnamed
 from edgepilot.formats.spec import Segment
 
 _cache_lock = threading.Lock()
@@ -42,8 +43,8 @@ def load(path: Path) -> Any:
             return _cache[key]
     data = path.read_bytes()
     if len(data) < 8 or data[4:8] != b"TFL3":
-        raise UnrunnableModel(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)",
-                              field="file")
+        raise UnrunnableModel(f"{path.name} is not a TFLite flatbuffer (no TFL3 identifier)"
+                              f"{misnamed(path, 'tflite')}", field="file")
     try:
         model = schema().ModelT.InitFromPackedBuf(data, 0)
     except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file

@@ -21,14 +21,17 @@ from edgepilot.formats.tflite_graph import pack, schema
 def _one_op_model(path: Path, description: bytes, types: dict[str, tuple[int, list[int]]],
                   ins: list[str], outs: list[str], builtin: int, custom: bytes = b"",
                   options: Any = None, options_type: int = 0,
-                  scales: dict[str, float] | None = None) -> Path:
+                  scales: dict[str, float] | None = None, open_batch: bool = False) -> Path:
     """A file of one operator: ``types`` maps each tensor name to (TensorType, shape);
-    ``scales`` quantizes the tensors it names (that scale, zero point 0)."""
+    ``scales`` quantizes the tensors it names (that scale, zero point 0); ``open_batch``
+    leaves every tensor's first dim open in its signature (-1), as a dynamic-batch export."""
     s, model, sg = new_model(description)
     index = {}
     for name, (ttype, shape) in types.items():
         t = s.TensorT()
         t.name, t.shape, t.type, t.buffer = name.encode(), np.array(shape, np.int32), ttype, 0
+        if open_batch and shape:
+            t.shapeSignature = np.array([-1, *shape[1:]], np.int32)
         if scales and name in scales:
             q = s.QuantizationParametersT()
             q.scale, q.zeroPoint = [scales[name]], [0]
@@ -65,14 +68,16 @@ def write_string_gather_tflite(path: Path, *, words: int = 10, picks: int = 3) -
         options_type=s.BuiltinOptions.GatherOptions)
 
 
-def write_custom_op_tflite(path: Path, op: str = "DISPATCH_OP", width: int = 8) -> Path:
+def write_custom_op_tflite(path: Path, op: str = "DISPATCH_OP", width: int = 8,
+                           open_batch: bool = False) -> Path:
     """``x[1,width] -> CUSTOM op -> y``: a file whose only operator is a custom op no runtime
-    here resolves (an NPU vendor's precompiled dispatch op, say)."""
+    here resolves (an NPU vendor's precompiled dispatch op, say; ``Flex...``: a Select
+    TensorFlow op). ``open_batch``: the batch dim is -1 in the signatures."""
     s = schema()
     return _one_op_model(
         path, b"edgepilot custom op", {"x": (s.TensorType.FLOAT32, [1, width]),
                                        "y": (s.TensorType.FLOAT32, [1, width])},
-        ["x"], ["y"], s.BuiltinOperator.CUSTOM, custom=op.encode())
+        ["x"], ["y"], s.BuiltinOperator.CUSTOM, custom=op.encode(), open_batch=open_batch)
 
 
 def write_zero_scale_add_tflite(path: Path, width: int = 4) -> Path:

@@ -184,6 +184,16 @@ def refuse_unregistered_ops(path: Path) -> None:
                               "onnxruntime-extensions')", field="model")
 
 
+def operators_lacking(message: str) -> bool:
+    """Whether a runtime's refusal names operators it lacks (a custom op the TFLite
+    interpreter does not resolve, Select TensorFlow ops, an ONNX op with no schema here): no
+    input shape or sample changes that, so no hint about them belongs after it."""
+    from edgepilot.backends.tflite import FLEX_OPS, UNRESOLVED
+
+    return any(phrase in message for phrase in (UNRESOLVED, FLEX_OPS, "registers no operator",
+                                                "is not a registered function/op"))
+
+
 def open_dims_hint(path: Path, specs: Sequence[TensorSpec], shapes: Shapes) -> str:
     """What to add to an error of a TFLite model run at its file's placeholder shapes (the
     shapes it allocates where its signature says -1, taken when none were given): each such
