@@ -1,5 +1,5 @@
-"""A one-target plan against a close rival target (planning/versus.py ``rival``): which whole
-model is timed side by side with the choice before the plan serves."""
+"""A plan against the whole-model targets it is timed against side by side before it serves
+(planning/versus.py ``rival`` and ``rivals``)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,21 @@ def test_a_light_model_is_timed_against_every_other_whole_target() -> None:
     # a heavier one keeps the close rival alone: a far slower profile timing is no accident
     heavy = {FP32: 10 * LIGHT_MS, ONE: 30 * LIGHT_MS, INT8: 11 * LIGHT_MS}
     assert rivals(builder(heavy), plan_on(FP32)) == [INT8]
+
+
+def test_a_light_split_is_timed_against_every_light_whole_target() -> None:
+    # a 3-segment plan of a 0.06 ms LSTM model was held against int4 alone, the best whole
+    # model by a noisy profile, and served 0.93x the one-thread fp32 it never met
+    split = SimpleNamespace(segments=[(ONE, 0, 1), (INT8, 1, 2), (ONE, 2, 3)])
+    b = builder({INT4: 0.05, ONE: 0.059, FP32: 0.07, INT8: 3.0})
+    b.best_whole = lambda: INT4
+    assert rivals(b, split) == [INT4, ONE, FP32]  # int8 is no light one
+    heavy = builder({INT4: 50.0, ONE: 51.0})
+    heavy.best_whole = lambda: INT4
+    assert rivals(heavy, split) == [INT4]  # a heavy model's profile order is no accident
+    nothing = builder({})
+    nothing.best_whole = lambda: None
+    assert rivals(nothing, split) == []
 
 
 def _sleeper(seconds: float, calls: list[int]) -> Any:

@@ -114,21 +114,34 @@ def rival(builder: CostBuilder, plan: Plan) -> str | None:
 
 def rivals(builder: CostBuilder, plan: Plan) -> list[str]:
     """The whole-model targets a plan is timed against side by side, in order: the best
-    single target for a split; for a one-target plan its :func:`rival`, or, when the choice
+    single target for a split (then, when it is light, every other light one); for a
+    one-target plan its :func:`rival`, or, when the choice
     runs under :data:`LIGHT_MS`, every other whole-model target within tolerance whose
     profile timing is light too, fastest first. A light model's profile timings are a few
     microseconds apart and one spell of load swaps them (a 10 µs tree ensemble read 0.155 ms
     on the target that ran it in 8 µs), while timing all of them side by side costs well
     under a second."""
-    if len(plan.segments) > 1:
-        best = builder.best_whole()
-        return [best] if best is not None else []
-    own = plan.segments[0][0]
     whole = builder.profile.extra.get("whole_ms", {})
+    if len(plan.segments) > 1:
+        # a light model's best single by profile is a coin toss among the light ones (a
+        # 3-segment LSTM plan was held against int4 at 0.098 ms, not fp32 at 0.059): all go
+        best = builder.best_whole()
+        if best is None:
+            return []
+        return [best, *_light_others(builder, best, whole[best])] \
+            if whole[best] <= LIGHT_MS else [best]
+    own = plan.segments[0][0]
     mine = whole.get(own)
     if mine is None or mine > LIGHT_MS:
         close = rival(builder, plan)
         return [close] if close is not None else []
+    return _light_others(builder, own, mine)
+
+
+def _light_others(builder: CostBuilder, own: str, mine: float) -> list[str]:
+    """Every whole-model target but ``own`` (and its twins) within tolerance whose profile
+    timing is light too, fastest first."""
+    whole = builder.profile.extra.get("whole_ms", {})
     errors = builder.profile.extra.get("whole_error", {})
     twins = builder.profile.extra.get("whole_twins", {})
     same = {own, twins.get(own)} | {t for t, of in twins.items() if of == own}
