@@ -31,21 +31,38 @@ def new_model(description: bytes) -> tuple[Any, Any, Any]:
     return s, model, sg
 
 
-def _float_tensor(model: Any, sg: Any, name: str, shape: list[int],
-                  data: np.ndarray | None = None, variable: bool = False) -> int:
-    """Append a float32 tensor to ``sg`` (``data``: a constant, in a buffer of its own;
-    ``variable``: state kept between invokes); its index."""
+def add_tensor(model: Any, sg: Any, name: str, shape: list[int], ttype: int,
+               data: np.ndarray | None = None, scales: Any = None, zeros: Any = None,
+               axis: int = 0, variable: bool = False) -> int:
+    """Append a tensor to ``sg``; its index. ``data``: a constant, in a buffer of its own (its
+    bytes as they are); ``scales``: quantized, one scale per tensor or one per channel along
+    ``axis``, with zero points ``zeros`` (default 0); ``variable``: state kept between
+    invokes."""
     s = schema()
     t = s.TensorT()
-    t.name, t.shape, t.type = name.encode(), np.array(shape, np.int32), s.TensorType.FLOAT32
+    t.name, t.shape, t.type = name.encode(), np.array(shape, np.int32), ttype
     t.isVariable, t.buffer = variable, 0
+    if scales is not None:
+        q = s.QuantizationParametersT()
+        q.scale = np.asarray(scales, dtype=np.float32).reshape(-1)
+        q.zeroPoint = np.zeros(q.scale.size, np.int64) if zeros is None \
+            else np.asarray(zeros, dtype=np.int64).reshape(-1)
+        q.quantizedDimension = axis
+        t.quantization = q
     if data is not None:
         buf = s.BufferT()
-        buf.data = np.frombuffer(data.astype(np.float32).tobytes(), dtype=np.uint8)
+        buf.data = np.frombuffer(data.tobytes(), dtype=np.uint8)
         model.buffers.append(buf)
         t.buffer = len(model.buffers) - 1
     sg.tensors.append(t)
     return len(sg.tensors) - 1
+
+
+def _float_tensor(model: Any, sg: Any, name: str, shape: list[int],
+                  data: np.ndarray | None = None, variable: bool = False) -> int:
+    """Append a float32 tensor to ``sg`` (``data``: a constant; ``variable``: state)."""
+    return add_tensor(model, sg, name, shape, schema().TensorType.FLOAT32,
+                      None if data is None else data.astype(np.float32), variable=variable)
 
 
 def write_mlp_tflite(path: Path, *, width: int = 32, depth: int = 3, batch: int = 1,
@@ -163,22 +180,7 @@ def write_int8_fc_tflite(path: Path, *, width: int = 16, batch: int = 1,
 
     def tensor(name: str, shape: list[int], ttype: int, scale: float, zero: int,
                data: np.ndarray | None = None) -> int:
-        t = s.TensorT()
-        t.name = name.encode()
-        t.shape = np.array(shape, dtype=np.int32)
-        t.type = ttype
-        q = s.QuantizationParametersT()
-        q.scale = np.array([scale], dtype=np.float32)
-        q.zeroPoint = np.array([zero], dtype=np.int64)
-        t.quantization = q
-        t.buffer = 0
-        if data is not None:
-            buf = s.BufferT()
-            buf.data = np.frombuffer(data.tobytes(), dtype=np.uint8)
-            model.buffers.append(buf)
-            t.buffer = len(model.buffers) - 1
-        sg.tensors.append(t)
-        return len(sg.tensors) - 1
+        return add_tensor(model, sg, name, shape, ttype, data, [scale], [zero])
 
     x = tensor("input", [batch, width], s.TensorType.INT8, in_scale, in_zero)
     wt = tensor("fc/w", [width, width], s.TensorType.INT8, w_scale, 0, wq)

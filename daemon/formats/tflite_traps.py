@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgepilot.formats.tflite_gen import new_model
+from edgepilot.formats.tflite_gen import add_tensor, new_model
 from edgepilot.formats.tflite_graph import pack, schema
 
 
@@ -28,16 +28,10 @@ def _one_op_model(path: Path, description: bytes, types: dict[str, tuple[int, li
     s, model, sg = new_model(description)
     index = {}
     for name, (ttype, shape) in types.items():
-        t = s.TensorT()
-        t.name, t.shape, t.type, t.buffer = name.encode(), np.array(shape, np.int32), ttype, 0
+        index[name] = add_tensor(model, sg, name, shape, ttype,
+                                 scales=[scales[name]] if scales and name in scales else None)
         if open_batch and shape:
-            t.shapeSignature = np.array([-1, *shape[1:]], np.int32)
-        if scales and name in scales:
-            q = s.QuantizationParametersT()
-            q.scale, q.zeroPoint = [scales[name]], [0]
-            t.quantization = q
-        sg.tensors.append(t)
-        index[name] = len(sg.tensors) - 1
+            sg.tensors[index[name]].shapeSignature = np.array([-1, *shape[1:]], np.int32)
     code = s.OperatorCodeT()
     code.builtinCode = code.deprecatedBuiltinCode = builtin
     code.customCode = custom or None
@@ -103,28 +97,10 @@ def write_hybrid_conv_tflite(path: Path, *, size: int = 4, cin: int = 2, cout: i
     scales = np.abs(w).reshape(cout, -1).max(axis=1) / 127
     wq = np.clip(np.round(w / scales[:, None, None, None]), -127, 127).astype(np.int8)
 
-    def tensor(name: str, shape: list[int], ttype: int, data: np.ndarray | None = None,
-               per_channel: np.ndarray | None = None) -> int:
-        t = s.TensorT()
-        t.name, t.shape, t.type, t.buffer = name.encode(), np.array(shape, np.int32), ttype, 0
-        if per_channel is not None:
-            q = s.QuantizationParametersT()
-            q.scale = per_channel.astype(np.float32)
-            q.zeroPoint = np.zeros(len(per_channel), np.int64)
-            q.quantizedDimension = 0
-            t.quantization = q
-        if data is not None:
-            buf = s.BufferT()
-            buf.data = np.frombuffer(data.tobytes(), dtype=np.uint8)
-            model.buffers.append(buf)
-            t.buffer = len(model.buffers) - 1
-        sg.tensors.append(t)
-        return len(sg.tensors) - 1
-
-    x = tensor("x", [1, size, size, cin], s.TensorType.FLOAT32)
-    wt = tensor("w", [cout, 3, 3, cin], s.TensorType.INT8, wq, scales)
-    bt = tensor("b", [cout], s.TensorType.FLOAT32, np.zeros(cout, np.float32))
-    y = tensor("y", [1, size, size, cout], s.TensorType.FLOAT32)
+    x = add_tensor(model, sg, "x", [1, size, size, cin], s.TensorType.FLOAT32)
+    wt = add_tensor(model, sg, "w", [cout, 3, 3, cin], s.TensorType.INT8, wq, scales, axis=0)
+    bt = add_tensor(model, sg, "b", [cout], s.TensorType.FLOAT32, np.zeros(cout, np.float32))
+    y = add_tensor(model, sg, "y", [1, size, size, cout], s.TensorType.FLOAT32)
     opts = s.Conv2DOptionsT()
     opts.padding, opts.strideH, opts.strideW = s.Padding.SAME, 1, 1
     op = s.OperatorT()
