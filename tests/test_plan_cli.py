@@ -123,3 +123,14 @@ def test_bench_times_a_target_compiled_to_another_ones_bytes_once(tmp_path: Path
     assert data["skipped"]["onnxruntime/cpu/int4"] == \
         "the same compiled model as onnxruntime/cpu/fp32"
     assert {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"} <= set(data["single"])
+
+
+def test_bench_keeps_fewer_rotated_compiles_when_they_would_not_fit() -> None:
+    from edgepilot.dispatch.bench import compiles_that_fit
+
+    mb = 1 << 20
+    assert compiles_that_fit(10 * mb, 6, 2, 8 << 30) == 2  # a small model: as asked
+    # a 65 MB model in 7 variants on a board with 2.5 GB free: 1.8 GB a rotation
+    assert compiles_that_fit(65 * mb, 7, 2, 2560 * mb) == 1
+    assert compiles_that_fit(65 * mb, 7, 4, 16 << 30) == 4
+    assert compiles_that_fit(500 * mb, 7, 2, 1 << 30) == 1  # never none

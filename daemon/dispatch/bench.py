@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import psutil
 
 from edgepilot.backends.base import Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
@@ -182,6 +183,9 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     crawling = max(COLD_MS, CRAWL_FACTOR * est["plan"])
     crawl = {name for name, ms in est.items() if name != "plan" and ms > crawling
              and _call_ms(pool[name][0], feed) > crawling}
+    asked = compiles
+    compiles = compiles_that_fit(md.path.stat().st_size, len(pool) - len(crawl), compiles,
+                                 psutil.virtual_memory().available)
     for name, fns in pool.items():
         if name in crawl:
             continue
@@ -241,6 +245,8 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     result: dict[str, Any] = {
         "model": md.name, "hash": md.plan.hash, "tolerance": tol, "runs": rounds,
         "compiles": {name: len(fns) for name, fns in pool.items()},
+        **({"compiles_limited": f"{compiles} of the {asked} asked: the sessions would not fit "
+                                "in half the memory available"} if compiles < asked else {}),
         "timed_s": {name: round(v, 3) for name, v in timed_s.items()},
         "plan": {"median_ms": round(med["plan"], 4), "p95_ms": p95["plan"],
                  "cpu_ms": cpu.get("plan"), "predicted_ms": round(md.plan.predicted_ms, 4),
@@ -275,6 +281,18 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     if picked is not None:
         result["best_single"] = picked[0]
     return result
+
+
+# a session holds about this many times its file's bytes (weights, prepacked copies, arena)
+SESSION_BYTES_PER_FILE_BYTE = 4
+
+
+def compiles_that_fit(file_bytes: int, variants: int, compiles: int, available: int) -> int:
+    """How many rotated compiles of each variant to keep: ``compiles``, fewer (down to one)
+    when every variant's sessions would take over half the memory available (a 65 MB VGG16's
+    bench peaked at 2.7 GB with two of each, most of a 4 GB board)."""
+    per_round = SESSION_BYTES_PER_FILE_BYTE * file_bytes * max(variants, 1)
+    return max(1, min(compiles, int(available / 2 // max(per_round, 1))))
 
 
 def _call_ms(fn: Runner, feed: dict[str, np.ndarray]) -> float:
