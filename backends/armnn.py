@@ -44,6 +44,17 @@ _runtime: Any = None
 # Arm NN DataType names -> numpy dtype names
 # the custom operators Arm NN's TFLite parser implements (TfLiteParser.cpp: the SSD post-process)
 PARSER_CUSTOM_OPS = frozenset({"TFLite_Detection_PostProcess"})
+# operator inputs Arm NN's TFLite parser reads as constants from the file's buffers (block
+# shapes, paddings, axes, permutations, sizes): one computed at run time (a segment cut after its
+# producer, a block shape derived from SHAPE) is an empty buffer, and the parser copies from it
+# and segfaults (SPACE_TO_BATCH_ND of a dilated convolution's cut took the daemon down)
+PARSER_CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
+    "SPACE_TO_BATCH_ND": (1, 2), "BATCH_TO_SPACE_ND": (1, 2), "PAD": (1,), "PADV2": (1, 2),
+    "MIRROR_PAD": (1,), "MEAN": (1,), "SUM": (1,), "REDUCE_MAX": (1,), "REDUCE_MIN": (1,),
+    "REDUCE_PROD": (1,), "TRANSPOSE": (1,), "SLICE": (1, 2), "STRIDED_SLICE": (1, 2, 3),
+    "TILE": (1,), "RESIZE_BILINEAR": (1,), "RESIZE_NEAREST_NEIGHBOR": (1,), "EXPAND_DIMS": (1,),
+    "SPLIT": (0,), "SPLIT_V": (1, 2), "ARG_MAX": (1,), "ARG_MIN": (1,),
+}
 # the whole file built for one target as _build does, in a child process first: Arm NN asserts
 # on some files (reducing a float file with per-channel int8 weights to fp16 aborts in
 # GetQuantizationScale), and an assert is a SIGABRT that ends the daemon (see child_check)
@@ -240,6 +251,11 @@ class ArmnnBackend(Backend):
             # DISPATCH_OP) the native parser segfaults and takes the daemon with it
             raise BackendError(f"Arm NN's TFLite parser takes no custom op "
                                f"{', '.join(sorted(unknown))}", field="target")
+        computed = tflite_graph.computed_parameters(content, PARSER_CONSTANT_INPUTS)
+        if computed:
+            raise BackendError(f"Arm NN's TFLite parser needs constant operator parameters; "
+                               f"here they are computed at run time ({', '.join(computed[:4])})",
+                               field="target")
         died = crash(_CHILD, Path(segment.model_path), target.device, target.precision)
         if died:
             raise BackendError(f"Arm NN crashes building {Path(segment.model_path).name} for "

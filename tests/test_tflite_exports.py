@@ -22,6 +22,7 @@ from edgepilot.backends.base import Segment, Target
 from edgepilot.formats.io import tensor_specs
 from edgepilot.formats.tflite_gen import write_mlp_tflite
 from edgepilot.formats.tflite_traps import (
+    write_computed_block_tflite,
     write_custom_op_tflite,
     write_hybrid_conv_tflite,
     write_string_gather_tflite,
@@ -116,3 +117,23 @@ def test_select_tensorflow_ops_are_named_and_no_shape_is_suggested(tmp_path: Pat
     [line] = res.stderr.strip().splitlines()
     assert "lm.tflite" in line and "Select TensorFlow (Flex) ops" in line
     assert "--input-shape" not in line and "input shapes" not in line
+
+
+def test_arm_nn_never_parses_an_operator_whose_parameters_are_computed(tmp_path: Path) -> None:
+    # a dilated convolution's SPACE_TO_BATCH_ND takes its block shape from SHAPE upstream; a
+    # cut hands it over as an input, and Arm NN's parser copied from the empty buffer and
+    # segfaulted (the raw parser does, in a child here): the daemon died planning it
+    path = write_computed_block_tflite(tmp_path / "dilated.tflite")
+    raw = subprocess.run([sys.executable, "-c", "import pyarmnn as a; a.ITfLiteParser()"
+                          f".CreateNetworkFromBinaryFile({str(path)!r})"],
+                         capture_output=True, timeout=120, check=False)
+    assert raw.returncode < 0
+    segment = Segment(path, "tflite", ("x", "block", "pads"), ("y",))
+    support = ArmnnBackend().supports(segment, Target("armnn", "CpuRef", "fp32"))
+    assert not support and "SPACE_TO_BATCH_ND input 1" in support.reason
+    assert "SPACE_TO_BATCH_ND input 2" in support.reason
+    # planning survives it too: generated block shapes hold 0s, which LiteRT refuses, so it
+    # ends in one line asking for real samples (not a dead process)
+    res = cli(tmp_path, "plan", str(path))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "calibration_dir" in res.stderr

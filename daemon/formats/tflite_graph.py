@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,33 @@ def custom_ops(data: bytes) -> set[str]:
     op_names = _op_names(model)
     return {op_names[op.opcodeIndex][0] for sg in model.subgraphs or []
             for op in sg.operators or [] if op_names[op.opcodeIndex][1]}
+
+
+def computed_parameters(data: bytes, wanted: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """``"OP input K"`` for each operator named in ``wanted`` (every subgraph) whose input K
+    (one of those listed for it) is computed at run time, not a constant in the file: a
+    segment cut between its parameter's producer and it, or a graph that derives a block
+    shape from its input's SHAPE."""
+    try:
+        model = schema().ModelT.InitFromPackedBuf(data, 0)
+    except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
+        raise UnrunnableModel(f"not a readable TFLite model ({type(exc).__name__}: {exc})",
+                              field="file") from None
+    op_names = _op_names(model)
+    buffers = model.buffers or []
+    found: list[str] = []
+    for sg in model.subgraphs or []:
+        for op in sg.operators or []:
+            name = op_names[op.opcodeIndex][0]
+            ins = _ints(op.inputs)
+            for k in wanted.get(name, ()):
+                if k >= len(ins) or ins[k] < 0:
+                    continue
+                buf = sg.tensors[ins[k]].buffer
+                data_k = buffers[buf].data if 0 <= buf < len(buffers) else None
+                if data_k is None or len(data_k) == 0:
+                    found.append(f"{name} input {k}")
+    return sorted(set(found))
 
 
 def has_variable_tensors(path: Path) -> bool:

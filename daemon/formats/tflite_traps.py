@@ -116,3 +116,18 @@ def write_hybrid_conv_tflite(path: Path, *, size: int = 4, cin: int = 2, cout: i
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pack(model))
     return path
+
+
+def write_computed_block_tflite(path: Path, size: int = 4) -> Path:
+    """``SPACE_TO_BATCH_ND(x, block_shape, paddings)`` with the block shape and paddings fed
+    as inputs, as a cut of a dilated convolution hands them over (computed from the input's
+    SHAPE upstream): Arm NN's parser reads them as constants and segfaults."""
+    s = schema()
+    opts = s.SpaceToBatchNDOptionsT()
+    return _one_op_model(
+        path, b"edgepilot computed block shape",
+        {"x": (s.TensorType.FLOAT32, [1, size, size, 1]), "block": (s.TensorType.INT32, [2]),
+         "pads": (s.TensorType.INT32, [2, 2]),
+         "y": (s.TensorType.FLOAT32, [4, size // 2, size // 2, 1])},
+        ["x", "block", "pads"], ["y"], s.BuiltinOperator.SPACE_TO_BATCH_ND, options=opts,
+        options_type=s.BuiltinOptions.SpaceToBatchNDOptions)
