@@ -79,8 +79,7 @@ def _interpreter_module() -> Any:
 
 # what one_line says of a file's operators the interpreter lacks: no input shape changes that
 UNRESOLVED = "is not resolved by the TFLite interpreter"
-FLEX_OPS = ("the file uses Select TensorFlow (Flex) ops, which need TensorFlow's Flex delegate; "
-            "this TFLite interpreter has none")
+FLEX_OPS = "the file uses Select TensorFlow (Flex) ops; this interpreter has no Flex delegate"
 
 
 def one_line(exc: BaseException) -> str:

@@ -25,13 +25,7 @@ from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.execution.recovery import Recovery
 from edgepilot.dispatch.graph.partition import LayerMismatch, Partition
 from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
-from edgepilot.dispatch.graph.signature import (
-    Shapes,
-    file_shapes,
-    open_dims_hint,
-    operators_lacking,
-    signature_of,
-)
+from edgepilot.dispatch.graph.signature import Shapes, failure_hint, file_shapes, signature_of
 from edgepilot.dispatch.measuring.budget import timed_whole
 from edgepilot.dispatch.measuring.cells import LatencyTable
 from edgepilot.dispatch.measuring.measure import Measurer, Progress
@@ -121,10 +115,8 @@ class ModelDispatch:
                         cache_dir=self.graph_dir, max_layers=self.opts.max_layers,
                         budget_s=self.opts.planning_budget_s)
         except UnrunnableModel as exc:  # at shapes or values no one chose: say which, and how
-            if operators_lacking(exc.message):  # no shape or value changes a missing operator
-                raise
-            hint = open_dims_hint(self.path, specs, self.shapes) + (
-                samples.generated_hint(specs, self.name) if exc.ran else "")
+            hint = failure_hint(exc, self.path, specs, self.shapes,
+                                lambda: samples.generated_hint(specs, self.name))
             if not hint:
                 raise
             raise exc.with_hint(hint) from None

@@ -11,7 +11,7 @@ one input's shape can settle the others.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +182,16 @@ def refuse_unregistered_ops(path: Path) -> None:
         raise UnrunnableModel(f"{path.name}: no runtime here runs this model: onnxruntime "
                               f"registers no operator {shown} (a custom-op library's, such as "
                               "onnxruntime-extensions')", field="model")
+
+
+def failure_hint(exc: UnrunnableModel, path: Path, specs: Sequence[TensorSpec], shapes: Shapes,
+                 generated: Callable[[], str]) -> str:
+    """What to add to a planning failure at shapes or values no one chose ("" for nothing):
+    the placeholder shapes it ran at (:func:`open_dims_hint`) and, where the model ran,
+    ``generated()`` (where real samples go); nothing after an operator the runtime lacks."""
+    if operators_lacking(exc.message):
+        return ""
+    return open_dims_hint(path, specs, shapes) + (generated() if exc.ran else "")
 
 
 def operators_lacking(message: str) -> bool:
