@@ -131,6 +131,15 @@ class ContextOverflow(CommandError):
     code = "context_length_exceeded"
 
 
+class InputRejected(CommandError):
+    """The model itself, run whole on its own runtime, refused the request's values (a token id
+    past its vocabulary, a sequence longer than its positions, lengths that do not agree): the
+    client's data, not a fault of any target, so nothing is excluded or replanned."""
+
+    code = "input_rejected"
+    http_status = 422
+
+
 class DeadlineExceeded(EdgepilotError):
     """A request's deadline passed before it could run; nothing was computed for it."""
 

@@ -96,3 +96,58 @@ def test_the_kernel_corpus_is_measured_after_the_first_plan_not_before(tmp_path:
         assert d.output().count("measuring the kernel corpus") == 1
     finally:
         assert d.stop() == 0
+
+
+def _embedding(path: Path, vocab: int = 50, width: int = 8) -> None:
+    """ids[1, n] -> Gather over a [vocab, width] table -> Relu: a token model in small."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.random.default_rng(0).standard_normal((vocab, width)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["e"]),
+         helper.make_node("Relu", ["e"], ["y"])],
+        "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n", width])],
+        [numpy_helper.from_array(table, "table")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_values_the_model_refuses_are_a_422_and_exclude_no_target(tmp_path: Path) -> None:
+    """An id past the vocabulary fails on every target alike: the client's data. Before, it
+    was a 500 after every target was excluded in turn and the plan rebuilt around each; and
+    shapes only such a request had were planned, and listed as a model that cannot run."""
+    models = tmp_path / "models"
+    models.mkdir()
+    _embedding(models / "emb.onnx")
+    d = DaemonProcess(tmp_path, f'[mqtt]\nenabled = false\n[daemon]\nmodel_dir = "{models}"\n'
+                                "[dispatch]\nkernel_corpus = false\nprofile_runs = 3\n").start()
+
+    def ids(values: list[int]) -> tuple[int, dict]:
+        return d.request("POST", "/v1/infer/emb", {"inputs": {"ids": {
+            "data": values, "dtype": "int64", "shape": [1, len(values)]}}})
+
+    try:
+        # a first request of shapes no one sent before, refused: those shapes are not planned
+        code, body = ids([1, 2, 10**6])
+        assert code == 422, body
+        assert body["error"]["code"] == "input_rejected" and body["error"]["field"] == "inputs"
+        assert "emb" in body["error"]["message"] and "indices" in body["error"]["message"]
+        deadline = time.monotonic() + 120
+        code, body = ids([1, 2, 3, 4])
+        while body["plan"].startswith("single:") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            code, body = ids([1, 2, 3, 4])
+        assert code == 200 and not body["plan"].startswith("single:"), d.output()
+        planned = body["plan"]
+        code, bad = ids([1, 2, 3, -10**6])  # now through the plan: still the client's data
+        assert code == 422 and bad["error"]["code"] == "input_rejected", bad
+        code, body = ids([4, 3, 2, 1])
+        assert code == 200 and body["plan"] == planned  # nothing excluded, nothing replanned
+        code, plans = d.request("GET", "/v1/plan")
+        assert code == 200 and "n=3" not in str(plans.get("failed"))
+        log = d.output()
+        assert "backend.fault" not in log and "excluding" not in log
+        assert "ids=1x3" not in log  # never planned for the refused request's shapes
+    finally:
+        assert d.stop() == 0

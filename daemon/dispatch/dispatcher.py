@@ -293,15 +293,9 @@ class Dispatcher:
     # ---- async API (daemon) -------------------------------------------------------------------
     def planned(self, name: str, inputs: Mapping[str, np.ndarray] | None = None
                 ) -> AnyDispatch | None:
-        """The dispatch state whose plan serves ``inputs`` now, found once per request.
-
-        When it has none, planning for those shapes starts in the background (once) and the
-        caller serves the whole model on its default target meanwhile: profiling takes seconds
-        to minutes and must not stall the first request. A signature whose planning failed
-        keeps being served whole (the reason is in ``plan_failures`` and the log);
-        ``plan.replan`` tries again.
-        """
-        shapes = shapes_of(inputs) if inputs is not None else None
+        """The dispatch state whose plan serves ``inputs`` now, found once per request (None:
+        none yet; the caller serves the whole model on its default target, then calls
+        :meth:`plan_soon`, so that shapes the model itself refuses are never planned)."""
         try:
             md = self.for_request(name, inputs) if inputs is not None else self.get(name)
         except EdgepilotError as exc:
@@ -312,12 +306,19 @@ class Dispatcher:
             recent = self._recent.get(key)
             if recent is not None:
                 recent.append({k: np.array(v, copy=True) for k, v in inputs.items()})
-        if md.plan is not None:
-            return md
-        # one plan in the making per model (see background.py)
-        if key not in self.plan_failures and not self.background.busy(name):
-            self._start_planning(name, shapes, key)
-        return None
+        return md if md.plan is not None else None
+
+    def plan_soon(self, name: str, inputs: Mapping[str, np.ndarray]) -> None:
+        """Plan ``name`` for the shapes of ``inputs`` in the background (profiling must not
+        stall a request), unless a plan is made or being made (one per model: background.py)
+        or failed (served whole; ``plan_failures``, the log; ``plan.replan`` tries again)."""
+        try:
+            md = self.for_request(name, inputs)
+        except EdgepilotError:
+            return
+        key = (name, md.signature)
+        if md.plan is None and key not in self.plan_failures and not self.background.busy(name):
+            self._start_planning(name, shapes_of(inputs), key)
 
     def _start_planning(self, name: str, shapes: Shapes | None, key: tuple[str, str]) -> None:
         async def work() -> None:

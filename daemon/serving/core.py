@@ -31,6 +31,7 @@ from edgepilot.errors import (
     BackendError,
     CommandError,
     DeadlineExceeded,
+    InputRejected,
     NotFoundError,
     PlanError,
 )
@@ -162,19 +163,23 @@ class Serving:
         md = self._planned(model.name, inputs)
         if md is not None:
             try:
-                return await self._run_plan(md, inputs, deadline)
+                return await self._run_plan(md, model, inputs, deadline)
             except (PlanError, BackendError, NotFoundError) as exc:
                 # planning profiles with sample inputs and can fail where the request's own
                 # shapes run fine; the whole model on its default target is the safe answer
                 log.warning("plan of %s could not run (%s); running it whole", model.name,
                             exc.message)
-        return await self._run_whole(model, inputs, deadline)
+            return await self._run_whole(model, inputs, deadline)
+        answer = await self._run_whole(model, inputs, deadline)
+        if self.dispatcher is not None and self.config.dispatch.enabled:
+            self.dispatcher.plan_soon(model.name, inputs)  # these shapes ran: plan them
+        return answer
 
     def _planned(self, name: str, inputs: Mapping[str, np.ndarray]) -> ModelDispatch | None:
         d = self.dispatcher
         if d is None or not self.config.dispatch.enabled:
             return None
-        md = d.planned(name, inputs)  # one lookup per request, planning in the background
+        md = d.planned(name, inputs)  # one lookup per request
         return md if isinstance(md, ModelDispatch) else None
 
     async def _run_whole(self, model: ResolvedModel, inputs: Tensors, deadline: float | None
@@ -184,28 +189,39 @@ class Serving:
             target = str(lm.executable.target)
             async with self.devices.for_target(target).slot():
                 _check_deadline(deadline, model.name)
-                outputs = await self.run_blocking(lm.executable.run, inputs)
+                try:
+                    outputs = await self.run_blocking(lm.executable.run, inputs)
+                except BackendError as exc:
+                    if type(exc) is not BackendError:  # a worker's crash, an unload: not data
+                        raise
+                    # inputs of the declared types and shapes the file's own runtime refuses
+                    # (an id past the vocabulary, more positions than it has): the client's
+                    raise InputRejected(f"model {model.name!r} refuses these input values on "
+                                        f"its own runtime ({exc.message})",
+                                        field="inputs") from None
         finally:
             self.registry.release(lm)
         return outputs, f"single:{target}"
 
-    async def _run_plan(self, md: ModelDispatch, inputs: Tensors, deadline: float | None
-                        ) -> tuple[Tensors, str]:
-        for _ in range(md.attempts()):
-            current = md.current()
-            if current is None:
-                raise PlanError(f"model {md.name} has no plan to serve on", field="model")
-            compiled, plan = current
-            try:
-                outputs, times = await self._segments(md.name, compiled, inputs, deadline)
-            except SegmentFault as fault:
-                await self.run_blocking(md.fault, fault, plan.hash)
-                continue
-            # the monitor is cheap; a drift replan is not, and runs in the worker thread
-            await self.run_blocking(md.observe, compiled, times)
-            return outputs, plan.hash
-        raise PlanError(f"model {md.name}: every target failed for this request; see the "
-                        "backend.fault events", field="model")
+    async def _run_plan(self, md: ModelDispatch, model: ResolvedModel, inputs: Tensors,
+                        deadline: float | None) -> tuple[Tensors, str]:
+        current = md.current()
+        if current is None:
+            raise PlanError(f"model {md.name} has no plan to serve on", field="model")
+        compiled, plan = current
+        try:
+            outputs, times = await self._segments(md.name, compiled, inputs, deadline)
+        except SegmentFault as fault:
+            # the request's values or the target: the model whole on its own runtime tells
+            # them apart. It refuses bad values too (InputRejected: nothing is excluded, where
+            # one out-of-vocabulary id had every target excluded in turn); where it runs,
+            # the segment's target is at fault: left out and replanned, this answer whole
+            outputs, ran = await self._run_whole(model, inputs, deadline)
+            await self.run_blocking(md.fault, fault, plan.hash)
+            return outputs, ran
+        # the monitor is cheap; a drift replan is not, and runs in the worker thread
+        await self.run_blocking(md.observe, compiled, times)
+        return outputs, plan.hash
 
     async def _segments(self, name: str, compiled: CompiledPlan, inputs: Tensors,
                         deadline: float | None) -> tuple[Tensors, list[float]]:
