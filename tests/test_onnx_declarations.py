@@ -80,3 +80,31 @@ def test_a_custom_op_librarys_operator_is_named_before_any_shape_is_asked(
     assert res.returncode == 2
     [line] = res.stderr.strip().splitlines()
     assert line.count("BertTokenizer") == 1 and "onnxruntime/cpu-1t/fp32" in line
+
+
+def test_a_segment_that_does_not_build_on_its_target_goes_to_the_reference(
+        tmp_path: Path) -> None:
+    """A classic-ML graph (``ai.onnx.ml`` alone): each layer's int8 variant builds and times
+    fast, the merged segment's does not (the quantizer finds no ai.onnx domain). Before, the
+    plan that merged them ended planning ("could not make the int8-dynamic variant") and the
+    model was never planned; now those layers go back to the reference."""
+    ins = [helper.make_tensor_value_info(f"i{k}", TensorProto.FLOAT, [1, 1]) for k in range(4)]
+    nodes = [helper.make_node("Scaler", ["i0"], ["s0"], domain="ai.onnx.ml", offset=[0.5],
+                              scale=[2.0]),
+             helper.make_node("FeatureVectorizer", ["s0", "i1", "i2", "i3"], ["fv"],
+                              domain="ai.onnx.ml", inputdimensions=[1, 1, 1, 1]),
+             helper.make_node("Scaler", ["fv"], ["y"], domain="ai.onnx.ml", offset=[0.1] * 4,
+                              scale=[0.5] * 4)]
+    graph = helper.make_graph(nodes, "ml", ins,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 8
+    path = tmp_path / "ml.onnx"
+    onnx.save(model, str(path))
+    config = ('[dispatch]\ntargets = ["onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"]\n'
+              "kernel_corpus = false\nprofile_runs = 3\n[mqtt]\nenabled = false\n")
+    for run in range(3):  # which target wins a 10 µs layer moves with load: every way plans
+        (tmp_path / str(run)).mkdir()
+        res = cli(tmp_path / str(run), "plan", "--json", str(path), config=config)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["error"] <= 0.05

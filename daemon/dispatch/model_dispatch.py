@@ -34,7 +34,7 @@ from edgepilot.dispatch.measuring.timing import plan_timing
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
-from edgepilot.dispatch.planning.choice import choose, compile_plan, given, measure_hops
+from edgepilot.dispatch.planning.choice import compiled_choice, measure_hops
 from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
@@ -199,10 +199,9 @@ class ModelDispatch:
         assert self.builder is not None and self.reference is not None and self.part is not None
         ref = str(self.reference)
         while True:
-            plan = (given(self.name, self.builder, keep, reason, figures) if keep else None) \
-                or choose(self.name, self.builder, reason)
-            compiled, self.spare = compile_plan(self.part, self.builder, self.backends, plan,
-                                                self.spare), None
+            plan, compiled = compiled_choice(self.name, self.builder, self.part, self.backends,
+                                             reason, ref, keep, figures, self.spare)
+            self.spare = None
             err = self.check_error(compiled)
             movable = [(self.builder.profile.cells[i][t].error or 0.0, i)
                        for i, t in enumerate(plan.targets) if t != ref]

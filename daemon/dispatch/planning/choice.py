@@ -4,6 +4,7 @@ shows); then the plan compiled, one executable per segment."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,7 +16,42 @@ from edgepilot.dispatch.graph.signature import signature_of
 from edgepilot.dispatch.measuring.hops import hop_kind
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, merge, plan_cost, runner_up
-from edgepilot.errors import PlanError
+from edgepilot.errors import EdgepilotError, PlanError
+
+log = logging.getLogger(__name__)
+
+
+class SegmentUnbuildable(PlanError):
+    """A plan's segment its target cannot build, though each of its layers was measured on
+    that target alone (a variant recipe that fails on the operators merged into it)."""
+
+    def __init__(self, message: str, target: str, start: int, end: int) -> None:
+        super().__init__(message, field="targets")
+        self.target, self.start, self.end = target, start, end
+
+
+def compiled_choice(name: str, builder: CostBuilder, part: Partition,
+                    backends: Mapping[str, Backend], reason: str, reference: str,
+                    keep: list[tuple[str, int, int]] | None = None,
+                    figures: Sequence[Any] | None = None, spare: Executable | None = None
+                    ) -> tuple[Plan, CompiledPlan]:
+    """The plan (``keep``: these segments, ``figures`` their layers', as :func:`given`; else
+    :func:`choose`), compiled. A segment that does not build on its target is a planning
+    fact, not an abort: its layers go to ``reference`` and the plan is chosen again (an
+    ai.onnx.ml model's int8 variant failed in the quantizer for the segment the plan merged,
+    after its layers had run on int8 apart, and the model was never planned)."""
+    while True:
+        plan = (given(name, builder, keep, reason, figures) if keep else None) \
+            or choose(name, builder, reason)
+        try:
+            return plan, compile_plan(part, builder, backends, plan, spare)
+        except SegmentUnbuildable as exc:
+            if exc.target == reference:
+                raise
+            log.info("plan for %s: %s; layers %d-%d back to %s", name, exc.message,
+                     exc.start, exc.end - 1, reference)
+            builder.forced.update(dict.fromkeys(range(exc.start, exc.end), reference))
+            keep, spare = None, None
 
 
 def choose(name: str, builder: CostBuilder, reason: str = "initial") -> Plan:
@@ -148,7 +184,7 @@ def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, B
                                      for t, s, e in plan.segments):
         spare.close()
         spare = None
-    segs = []
+    segs: list[CompiledSegment] = []
     for (target, s, e), pred in zip(plan.segments,
                                     builder.segment_predictions(table, plan.segments),
                                     strict=True):
@@ -159,7 +195,13 @@ def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, B
         if spare is not None and (s, e) == (0, len(part.layers)) and spare.target == t:
             exe, spare = spare, None
         elif t.backend in backends:
-            exe = backends[t.backend].compile(seg, t)
+            try:
+                exe = backends[t.backend].compile(seg, t)
+            except EdgepilotError as exc:
+                for done in segs:
+                    done.exe.close()
+                raise SegmentUnbuildable(f"{target} cannot build layers {s}-{e - 1} together: "
+                                         f"{exc.message}", target, s, e) from None
         else:
             raise PlanError(f"backend {t.backend!r} is not loaded; loaded: "
                             f"{', '.join(backends)}", field="targets")
