@@ -114,3 +114,21 @@ def test_npz_names_that_are_savez_keywords_survive() -> None:
     back = tensors_from_npz(tensors_to_npz(arrays))
     assert sorted(back) == ["allow_pickle", "file"]
     np.testing.assert_array_equal(back["allow_pickle"], arrays["allow_pickle"])
+
+
+def test_non_finite_outputs_are_strict_json_and_read_back() -> None:
+    import json
+
+    y = np.array([1.5, np.nan, np.inf, -np.inf], np.float32)
+    text = json.dumps(tensors_to_json({"y": y}), allow_nan=False)  # strict JSON: no bare NaN
+    assert json.loads(text)["y"]["data"] == [1.5, "NaN", "Infinity", "-Infinity"]
+    back = tensors_from_json(json.loads(text))
+    np.testing.assert_array_equal(back["y"], y)
+
+
+def test_a_fraction_for_an_integer_dtype_is_refused_naming_the_input() -> None:
+    with pytest.raises(CommandError) as err:
+        tensors_from_json({"ids": {"data": [101, 2.7], "dtype": "int64"}})
+    assert err.value.field == "inputs.ids.data" and "2.7 is no whole number" in err.value.message
+    ok = tensors_from_json({"ids": {"data": [101.0, 7.0], "dtype": "int32"}})
+    np.testing.assert_array_equal(ok["ids"], np.array([101, 7], np.int32))

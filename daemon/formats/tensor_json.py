@@ -8,6 +8,7 @@ rule; nothing else escapes, whatever JSON-ish object comes in.
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 from typing import Any
 
@@ -76,7 +77,7 @@ def tensors_from_json(obj: Any, field_prefix: str = "inputs") -> dict[str, np.nd
             # A value out of the dtype's range is the caller's error, not a silent inf.
             with np.errstate(over="raise", invalid="raise"):
                 arr = _strings(spec["data"]) if dtype == STRING \
-                    else np.asarray(spec["data"], dtype=dtype)
+                    else _numbers(spec["data"], dtype)
         except (ValueError, TypeError, OverflowError, RecursionError,
                 FloatingPointError) as exc:
             raise CommandError(f"input {name!r}: data is not a {dtype} array: {exc}",
@@ -96,6 +97,18 @@ def tensors_from_json(obj: Any, field_prefix: str = "inputs") -> dict[str, np.nd
     return out
 
 
+def _numbers(data: Any, dtype: str) -> np.ndarray:
+    """A numeric tensor's data in ``dtype``; a fraction for an integer dtype is refused (numpy
+    would truncate 2.7 to the token id 2 without a word)."""
+    if np.dtype(dtype).kind in "iu":
+        raw = np.asarray(data).ravel()
+        if raw.dtype.kind == "f":
+            fractional = raw[~(np.isfinite(raw) & (raw == np.round(raw)))]
+            if fractional.size:
+                raise ValueError(f"{float(fractional[0])} is no whole number")
+    return np.asarray(data, dtype=dtype)
+
+
 def _strings(data: Any) -> np.ndarray:
     """A ``string`` tensor's data: (nested lists of) JSON strings, as onnxruntime takes them."""
     arr = np.asarray(data, dtype=object)
@@ -106,14 +119,23 @@ def _strings(data: Any) -> np.ndarray:
 
 
 def tensors_to_json(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Named arrays as ``{NAME: {"data": flat list, "dtype", "shape"}}``."""
+    """Named arrays as ``{NAME: {"data": flat list, "dtype", "shape"}}``. A NaN or infinity is
+    the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (protobuf's JSON mapping; JSON has
+    no such numbers, and strict parsers refused the bare ``NaN`` Python writes)."""
     result: dict[str, Any] = {}
     for name, value in outputs.items():
         arr = np.asarray(value)
         dtype = dtype_name(arr.dtype)
         data = [_text(x) for x in arr.ravel()] if dtype == STRING else arr.ravel().tolist()
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            data = [x if math.isfinite(x) else _NONFINITE[x != x, x > 0] for x in data]
         result[name] = {"data": data, "dtype": dtype, "shape": list(arr.shape)}
     return result
+
+
+# (is NaN, is positive) -> its JSON string
+_NONFINITE = {(True, False): "NaN", (True, True): "NaN", (False, True): "Infinity",
+              (False, False): "-Infinity"}
 
 
 def _text(x: Any) -> str:
