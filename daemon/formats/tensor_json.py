@@ -126,16 +126,18 @@ def tensors_to_json(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
     for name, value in outputs.items():
         arr = np.asarray(value)
         dtype = dtype_name(arr.dtype)
-        data = [_text(x) for x in arr.ravel()] if dtype == STRING else arr.ravel().tolist()
+        data: list[Any] = [_text(x) for x in arr.ravel()] if dtype == STRING \
+            else arr.ravel().tolist()
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            data = [x if math.isfinite(x) else _NONFINITE[x != x, x > 0] for x in data]
+            data = [_finite(x) for x in data]
         result[name] = {"data": data, "dtype": dtype, "shape": list(arr.shape)}
     return result
 
 
-# (is NaN, is positive) -> its JSON string
-_NONFINITE = {(True, False): "NaN", (True, True): "NaN", (False, True): "Infinity",
-              (False, False): "-Infinity"}
+def _finite(x: float) -> float | str:
+    if math.isfinite(x):
+        return x
+    return "NaN" if math.isnan(x) else "Infinity" if x > 0 else "-Infinity"
 
 
 def _text(x: Any) -> str:
