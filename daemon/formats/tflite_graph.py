@@ -285,14 +285,26 @@ def _prune_buffers(model: Any) -> None:
 
 def custom_ops(data: bytes) -> set[str]:
     """The custom operators a TFLite flatbuffer runs (every subgraph), by their own names."""
+    return {name for name, custom in _operators(data) if custom}
+
+
+def has_resource_variables(data: bytes) -> bool:
+    """Whether a TFLite flatbuffer keeps state in resource variables (``VAR_HANDLE``, set up
+    by a ``CALL_ONCE`` init subgraph): LiteRT's ``reset_all_variables`` leaves those as
+    they are."""
+    return ("VAR_HANDLE", False) in _operators(data)
+
+
+def _operators(data: bytes) -> set[tuple[str, bool]]:
+    """(name, is custom) of every operator a TFLite flatbuffer runs (every subgraph)."""
     try:
         model = schema().ModelT.InitFromPackedBuf(data, 0)
     except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
         raise UnrunnableModel(f"not a readable TFLite model ({type(exc).__name__}: {exc})",
                               field="file") from None
     op_names = _op_names(model)
-    return {op_names[op.opcodeIndex][0] for sg in model.subgraphs or []
-            for op in sg.operators or [] if op_names[op.opcodeIndex][1]}
+    return {op_names[op.opcodeIndex] for sg in model.subgraphs or []
+            for op in sg.operators or []}
 
 
 def computed_parameters(data: bytes, wanted: Mapping[str, tuple[int, ...]]) -> list[str]:

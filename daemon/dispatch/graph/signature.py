@@ -198,7 +198,7 @@ def operators_lacking(message: str) -> bool:
     """Whether a runtime's refusal names operators it lacks (a custom op the TFLite
     interpreter does not resolve, Select TensorFlow ops, an ONNX op with no schema here): no
     input shape or sample changes that, so no hint about them belongs after it."""
-    from edgepilot.backends.tflite import FLEX_OPS, UNRESOLVED
+    from edgepilot.backends.tflite_executable import FLEX_OPS, UNRESOLVED
 
     return any(phrase in message for phrase in (UNRESOLVED, FLEX_OPS, "registers no operator",
                                                 "is not a registered function/op"))
