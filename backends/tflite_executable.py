@@ -25,6 +25,8 @@ def one_line(exc: BaseException) -> str:
     """A runtime's error as one line: the op an interpreter could not resolve named first (its
     message is several lines with a link), otherwise the message with whitespace collapsed."""
     text = " ".join(str(exc).split())
+    # LiteRT appends "Node number N (OP) failed to ..." to a kernel's message with no break
+    text = re.sub(r"(?<=[a-z0-9])(?=Node number \d)", ". ", text)
     half = len(text) // 2
     if text and text[:half] == text[half:]:  # the interpreter reports some failures twice
         text = text[:half]

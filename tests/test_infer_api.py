@@ -98,6 +98,21 @@ def test_real_silero_vad_equals_onnxruntime(daemon: DaemonProcess, module_tmp: P
     check_equal(decode(body), onnx_direct(module_tmp / "models" / "vad.onnx", feeds))
 
 
+def test_a_tensor_models_card_says_what_a_request_must_hold(daemon: DaemonProcess,
+                                                            module_tmp: Path) -> None:  # noqa: F811
+    code, card = daemon.request("GET", "/v1/models/vad")
+    assert code == 200, card
+    sess = ort.InferenceSession(str(module_tmp / "models" / "vad.onnx"),
+                                providers=["CPUExecutionProvider"])
+    assert [i["name"] for i in card["inputs"]] == [i.name for i in sess.get_inputs()]
+    assert {i["name"]: i["dtype"] for i in card["inputs"]} == \
+        {"input": "float32", "state": "float32", "sr": "int64"}
+    assert {i["name"]: i["shape"] for i in card["inputs"]}["state"] == [2, "batch", 128]
+    assert [o["name"] for o in card["outputs"]] == [o.name for o in sess.get_outputs()]
+    code, chat = daemon.request("GET", "/v1/models/chat")
+    assert code == 200 and "inputs" not in chat  # a GGUF takes messages, not tensors
+
+
 @pytest.mark.parametrize("model", ["mlp_tfl", "alexa"])
 def test_tflite_equals_the_interpreter(daemon: DaemonProcess, module_tmp: Path,  # noqa: F811
                                        model: str) -> None:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
+from edgepilot.formats.io import tensor_specs
 from edgepilot.http.api import api_of
 from edgepilot.http.choices import chained, jobs_of, merged
 from edgepilot.http.client_gone import unless_client_leaves
@@ -74,13 +75,33 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/models/{model:path}", summary="One model this daemon can serve (OpenAI shape)")
 async def get_model(model: str, request: Request) -> dict[str, Any]:
+    """The model's listing entry; a tensor model's also carries its ``inputs`` and
+    ``outputs`` (name, dtype, shape: a dim is a number, a name, or null when open), what a
+    ``/v1/infer`` body must hold."""
     listing = await list_models(request)
     for item in listing["data"]:
         if item["id"] == model:
+            if item.get("kind") in ("onnx", "tflite"):
+                gen = _generator(request)
+                item.update(await asyncio.get_running_loop().run_in_executor(
+                    gen.executor, _io_of, gen, model))
             return dict(item)
     raise NotFoundError(f"model {model!r} is not served here; known: "
                         f"{', '.join(m['id'] for m in listing['data']) or 'none'}",
                         field="model")
+
+
+def _io_of(gen: Generator, name: str) -> dict[str, Any]:
+    """Blocking: a tensor model's declared inputs and outputs (empty when its file is broken:
+    the listing says why)."""
+    try:
+        model = gen.registry.catalog.resolve(name)
+        ins, outs = tensor_specs(model.path, model.kind)
+    except EdgepilotError:
+        return {}
+    return {side: [{"name": s.name, "dtype": s.dtype,
+                    "shape": list(s.shape) if s.rank_known else None} for s in specs]
+            for side, specs in (("inputs", ins), ("outputs", outs))}
 
 
 def _templates(gen: Generator, names: list[str]) -> dict[str, dict[str, str]]:
