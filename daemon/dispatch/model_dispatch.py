@@ -31,6 +31,7 @@ from edgepilot.dispatch.measuring.cells import LatencyTable
 from edgepilot.dispatch.measuring.measure import Measurer, Progress
 from edgepilot.dispatch.measuring.output_check import OutputCheck
 from edgepilot.dispatch.measuring.timing import plan_timing
+from edgepilot.dispatch.measuring.tolerance import PLAN_MARGIN
 from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
@@ -205,7 +206,7 @@ class ModelDispatch:
             err = self.check_error(compiled)
             movable = [(self.builder.profile.cells[i][t].error or 0.0, i)
                        for i, t in enumerate(plan.targets) if t != ref]
-            if err <= self.opts.tolerance or not movable:
+            if err <= PLAN_MARGIN * self.opts.tolerance or not movable:
                 break
             what = f"error {err:.4f} over tolerance {self.opts.tolerance}: layer {max(movable)[1]}"
             log.info("plan for %s: %s moves to %s", self.name, what, ref)

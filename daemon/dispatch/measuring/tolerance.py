@@ -14,6 +14,10 @@ import numpy as np
 from edgepilot.errors import ConfigError
 
 METRICS = ("rel_l2", "cosine")
+# a plan that mixes in another precision is kept only this far inside its budget: its error is
+# measured on calibration inputs (generated where no real samples were given), and real
+# requests took a 9-segment int8/fp32 plan checked at 0.048 to 0.059 (tolerance 0.05)
+PLAN_MARGIN = 0.8
 _EPS = 1e-12
 
 
