@@ -295,13 +295,18 @@ def has_resource_variables(data: bytes) -> bool:
     return ("VAR_HANDLE", False) in _operators(data)
 
 
-def _operators(data: bytes) -> set[tuple[str, bool]]:
-    """(name, is custom) of every operator a TFLite flatbuffer runs (every subgraph)."""
+def _unpacked(data: bytes) -> Any:
+    """A flatbuffer in bytes (a cut, not a file) as the schema's object API."""
     try:
-        model = schema().ModelT.InitFromPackedBuf(data, 0)
+        return schema().ModelT.InitFromPackedBuf(data, 0)
     except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
         raise UnrunnableModel(f"not a readable TFLite model ({type(exc).__name__}: {exc})",
                               field="file") from None
+
+
+def _operators(data: bytes) -> set[tuple[str, bool]]:
+    """(name, is custom) of every operator a TFLite flatbuffer runs (every subgraph)."""
+    model = _unpacked(data)
     op_names = _op_names(model)
     return {op_names[op.opcodeIndex] for sg in model.subgraphs or []
             for op in sg.operators or []}
@@ -312,11 +317,7 @@ def computed_parameters(data: bytes, wanted: Mapping[str, tuple[int, ...]]) -> l
     (one of those listed for it) is computed at run time, not a constant in the file: a
     segment cut between its parameter's producer and it, or a graph that derives a block
     shape from its input's SHAPE."""
-    try:
-        model = schema().ModelT.InitFromPackedBuf(data, 0)
-    except Exception as exc:  # flatbuffers raises struct.error, IndexError... on a cut file
-        raise UnrunnableModel(f"not a readable TFLite model ({type(exc).__name__}: {exc})",
-                              field="file") from None
+    model = _unpacked(data)
     op_names = _op_names(model)
     buffers = model.buffers or []
     found: list[str] = []
