@@ -293,9 +293,10 @@ class Dispatcher:
     # ---- async API (daemon) -------------------------------------------------------------------
     def planned(self, name: str, inputs: Mapping[str, np.ndarray] | None = None
                 ) -> AnyDispatch | None:
-        """The dispatch state whose plan serves ``inputs`` now, found once per request (None:
-        none yet; the caller serves the whole model on its default target, then calls
-        :meth:`plan_soon`, so that shapes the model itself refuses are never planned)."""
+        """The dispatch state of ``inputs``' shapes, found once per request (None: not a
+        planned model). Its ``plan`` is None until one is made: the caller serves the whole
+        model on its default target, then calls :meth:`plan_soon` with it, so that shapes the
+        model itself refuses are never planned."""
         try:
             md = self.for_request(name, inputs) if inputs is not None else self.get(name)
         except EdgepilotError as exc:
@@ -306,19 +307,15 @@ class Dispatcher:
             recent = self._recent.get(key)
             if recent is not None:
                 recent.append({k: np.array(v, copy=True) for k, v in inputs.items()})
-        return md if md.plan is not None else None
+        return md
 
-    def plan_soon(self, name: str, inputs: Mapping[str, np.ndarray]) -> None:
-        """Plan ``name`` for the shapes of ``inputs`` in the background (profiling must not
-        stall a request), unless a plan is made or being made (one per model: background.py)
-        or failed (served whole; ``plan_failures``, the log; ``plan.replan`` tries again)."""
-        try:
-            md = self.for_request(name, inputs)
-        except EdgepilotError:
-            return
+    def plan_soon(self, name: str, md: ModelDispatch) -> None:
+        """Plan ``name`` for the shapes of ``md`` (:meth:`planned`'s) in the background
+        (profiling must not stall a request), unless a plan is made or being made (one per
+        model: background.py) or failed (served whole; ``plan_failures``, the log)."""
         key = (name, md.signature)
         if md.plan is None and key not in self.plan_failures and not self.background.busy(name):
-            self._start_planning(name, shapes_of(inputs), key)
+            self._start_planning(name, md.shapes, key)
 
     def _start_planning(self, name: str, shapes: Shapes | None, key: tuple[str, str]) -> None:
         async def work() -> None:

@@ -161,7 +161,7 @@ class Serving:
         """Outputs and the plan that ran: the dispatcher's plan for these shapes when it has
         one, else the whole model on its default target."""
         md = self._planned(model.name, inputs)
-        if md is not None:
+        if md is not None and md.plan is not None:
             try:
                 return await self._run_plan(md, model, inputs, deadline)
             except (PlanError, BackendError, NotFoundError) as exc:
@@ -171,8 +171,8 @@ class Serving:
                             exc.message)
             return await self._run_whole(model, inputs, deadline)
         answer = await self._run_whole(model, inputs, deadline)
-        if self.dispatcher is not None and self.config.dispatch.enabled:
-            self.dispatcher.plan_soon(model.name, inputs)  # these shapes ran: plan them
+        if md is not None and self.dispatcher is not None:
+            self.dispatcher.plan_soon(model.name, md)  # these shapes ran: plan them
         return answer
 
     def _planned(self, name: str, inputs: Mapping[str, np.ndarray]) -> ModelDispatch | None:
