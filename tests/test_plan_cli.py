@@ -79,6 +79,10 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     assert data["raw"]["median_ms"] > 0
     # no GPU provider loads here: the raw side is what a user of this machine runs, the CPU
     assert data["raw"]["runtime"] == "onnxruntime CPUExecutionProvider"
+    # other work's share of the CPUs while the rounds ran and while the plan's whole models
+    # were timed (a fraction of the machine: the ratios beside it are read with it)
+    assert set(data["contention"]) >= {"bench", "whole_models"}
+    assert all(0.0 <= v <= 1.0 for v in data["contention"].values())
 
 
 def test_unknown_model_is_a_clear_error(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from edgepilot.cli.common import config_from
 from edgepilot.config import Config
+from edgepilot.dispatch.measuring.contention import CONTENDED
 
 
 def add_parser(sub: Any) -> None:
@@ -155,6 +156,11 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines.append(f"total: predicted {_ms(plan['predicted_ms'])} ms, measured "
                  f"{_ms(plan['measured_ms'])} ms, error {plan.get('error'):.4g}"
                  + ("  (profile from cache)" if plan.get("from_cache") else ""))
+    busy = (plan.get("versus_single") or {}).get("contention") or 0.0
+    if busy > CONTENDED:
+        lines.append(f"note: other work took {busy:.0%} of the CPUs while the plan was timed "
+                     "against its rival; the choice may not hold on a quiet board: plan "
+                     "again (--reprofile) when it is quiet")
     sigs = plan.get("signatures")
     if sigs:
         lines.append(f"signature {sigs['served'] or '(subgraph 0, unnamed)'} planned and served; "
@@ -209,4 +215,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{'raw runtime':<28} {result['raw']['median_ms']:>9.3f} ms")
     print(f"plan vs best single within tolerance: x{result['speedup_vs_best_single']}; "
           f"predicted/measured: {result['predicted_vs_measured']}")
+    busy = result["contention"]["bench"]
+    if busy > CONTENDED:
+        print(f"note: other work took {busy:.0%} of the CPUs during the rounds: these ratios "
+              "are suspect; bench again when the board is quiet")
     return 0

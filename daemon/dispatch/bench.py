@@ -38,6 +38,7 @@ import psutil
 
 from edgepilot.backends.base import Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
+from edgepilot.dispatch.measuring.contention import OtherLoad
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.dispatch.planning.choice import compile_plan
@@ -214,6 +215,7 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     rng = random.Random(0)
     order = list(pool)
     rounds = 0
+    meter = OtherLoad()
     while rounds < max(1, runs) or (min(v for n, v in timed_s.items() if n not in crawl)
                                     < budget_s and rounds < MAX_ROUNDS):
         rounds += 1
@@ -277,10 +279,21 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
                                                      3) if md.plan.measured_ms else None,
                       "calibration": md.plan.calibration},
         "skipped": skipped,
+        # other work's share of the CPUs while the rounds ran, and while the timings that
+        # chose the plan ran (its whole models, its side by side): see contention.py
+        "contention": {"bench": meter.share(), **_planning_contention(md)},
     }
     if picked is not None:
         result["best_single"] = picked[0]
     return result
+
+
+def _planning_contention(md: ModelDispatch) -> dict[str, float]:
+    assert md.plan is not None
+    whole = None if md.builder is None else \
+        md.builder.profile.extra.get("whole_contention")
+    versus = (md.plan.versus_single or {}).get("contention")
+    return {k: v for k, v in (("whole_models", whole), ("versus", versus)) if v is not None}
 
 
 # a session holds about this many times its file's bytes (weights, prepacked copies, arena)

@@ -23,6 +23,7 @@ from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.budget import WHOLE_RUNS, out_of_budget
 from edgepilot.dispatch.measuring.cells import Cell, LatencyTable, exclusions, non_finite, row_bound
+from edgepilot.dispatch.measuring.contention import OtherLoad
 from edgepilot.dispatch.measuring.crawl import Crawlers
 from edgepilot.dispatch.measuring.hops import measure_hop
 from edgepilot.dispatch.measuring.runnable import owned
@@ -324,7 +325,9 @@ class Measurer:
                     if self.progress:
                         self.progress(done, total, f"{self.part.layers[i].name} on {target} "
                                       "(again)")
+        meter = OtherLoad()  # other work while the whole models were timed: see versus.py
         whole_cells = self._whole_cells(crawlers, done, total)
+        contention = meter.share()
         done += len(self.targets)
         if one:
             cells = [{t: replace(c) for t, c in whole_cells.items()}]
@@ -350,6 +353,7 @@ class Measurer:
                             metric=self.metric,
                             extra={"whole_ms": whole, "whole_error": whole_error,
                                    "whole_cpu_ms": dict(self.whole_cpu_ms),
+                                   "whole_contention": contention,
                                    "whole_twins": {t: c.same_as for t, c in whole_cells.items()
                                                    if c.same_as},
                                    "excluded": exclusions(cells, whole_cells)})

@@ -1,0 +1,125 @@
+"""Other work while planning times something (measuring/contention.py): metered, and a
+contended side by side is made again and not kept as a verdict for later plans."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import psutil
+
+from edgepilot.dispatch.measuring.contention import CONTENDED, OtherLoad
+from edgepilot.dispatch.planning.versus import (
+    CONTENDED_TRIES,
+    CONTENDED_WITHIN,
+    RIVAL_WITHIN,
+    keep_verdict,
+    prior_verdict,
+    rivals,
+    versus,
+)
+
+FP32, ONE, INT8 = "onnxruntime/cpu/fp32", "onnxruntime/cpu-1t/fp32", "onnxruntime/cpu/int8"
+
+
+@contextmanager
+def burners() -> Iterator[None]:
+    """One busy-looping process per CPU: other work that takes the whole machine (started
+    through a shell that exits, so that they are no children of this process: a child's CPU
+    time is this process's own work)."""
+    pids = []
+    for _ in range(psutil.cpu_count() or 1):
+        out = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' "
+                              ">/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                             check=True)
+        pids.append(int(out.stdout.strip()))
+    try:
+        assert not {c.pid for c in psutil.Process().children(recursive=True)} & set(pids)
+        time.sleep(0.3)  # started and spinning
+        yield
+    finally:
+        for pid in pids:
+            with suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+
+
+def test_other_processes_are_metered_as_other_work() -> None:
+    with burners():
+        meter = OtherLoad()
+        time.sleep(1.0)
+        share = meter.share()
+    assert share > 0.6, share
+
+
+def test_this_process_and_its_children_are_not_other_work() -> None:
+    """The timed work itself (this process burning a core, or a backend's worker process) is
+    not contention: the share is what the whole machine did less what we did."""
+    total0 = sum(psutil.cpu_times()[:3])
+    meter = OtherLoad()
+    t0 = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt=time.time()\nwhile time.time()-t<1.0: pass"])
+    a = np.ones((256, 256), np.float32)
+    while time.monotonic() - t0 < 1.0:
+        a = (a @ a) / 256.0  # this process busy too
+    child.wait()
+    share = meter.share()
+    wall = time.monotonic() - t0
+    machine = (sum(psutil.cpu_times()[:3]) - total0) / (wall * (psutil.cpu_count() or 1))
+    # ours (about two cores' worth, this process and its child) is taken out of the machine's
+    assert share < machine - 0.3, (share, machine)
+
+
+def test_a_contended_side_by_side_is_made_again_and_says_so() -> None:
+    calls: list[int] = []
+
+    def run(feed: dict[str, Any]) -> None:
+        calls.append(1)
+        time.sleep(0.002)
+
+    with burners():
+        v = versus(run, run, {}, 0.05)
+    assert v.contention > CONTENDED and v.tries == CONTENDED_TRIES
+    one = versus(run, run, {}, 0.05, tries=1)  # quiet or not: asked for one, one is made
+    assert one.tries == 1
+
+
+def test_whole_models_timed_under_load_widen_the_rivals() -> None:
+    """A two-thread session timed while a build took a core read 1.45x the one-thread one,
+    past RIVAL_WITHIN, and was never timed side by side again: it served 0.69x on the quiet
+    board. Whole models timed under load make every target within CONTENDED_WITHIN a rival."""
+    whole = {ONE: 3.6, FP32: 1.45 * 3.6, INT8: 1.1 * 3.6}
+    assert RIVAL_WITHIN < 1.45 < CONTENDED_WITHIN
+
+    def builder(contention: float) -> Any:
+        extra = {"whole_ms": whole, "whole_error": {INT8: 0.2}, "whole_twins": {},
+                 "whole_contention": contention}
+        return SimpleNamespace(profile=SimpleNamespace(extra=extra, targets=list(whole)),
+                               excluded=set(), tolerance=0.05)
+
+    plan = SimpleNamespace(segments=[(ONE, 0, 4)])
+    assert rivals(builder(0.0), plan) == []          # int8 over tolerance, fp32 far
+    assert rivals(builder(CONTENDED + 0.3), plan) == [FP32]
+
+
+def test_a_contended_verdict_is_timed_again_not_served_from_the_profile() -> None:
+    """Verdicts are kept with the profile so a restart serves what was decided; one timed
+    while other work took the CPUs is not decided, and the next one on its pairing replaces it."""
+    seg = [[ONE, 0, 4]]
+    quiet = {"segments": seg, "target": FP32, "kept": "plan", "contention": 0.05}
+    busy = {"segments": seg, "target": INT8, "kept": "single", "contention": CONTENDED + 0.2}
+    old = {"segments": seg, "target": ONE, "kept": "plan"}  # kept before contention was metered
+    verdicts = [quiet, busy, old]
+    assert prior_verdict(verdicts, seg, FP32) is quiet
+    assert prior_verdict(verdicts, seg, ONE) is old
+    assert prior_verdict(verdicts, seg, INT8) is None
+    again = {**busy, "kept": "plan", "contention": 0.01}
+    keep_verdict(verdicts, again)
+    assert verdicts == [quiet, old, again]
+    assert prior_verdict(verdicts, seg, INT8) is again
