@@ -123,6 +123,25 @@ def test_defaults_only_for_inputs_not_given() -> None:
         "a": (3, 4), "b": (3, 8)}
 
 
+def test_an_open_dim_the_file_allocates_at_1_past_the_batch_is_asked_for() -> None:
+    """A TFLite mel front end declares [?, ?] and allocates [1, 1]: planned there, it was timed
+    on one audio sample. An open batch allocated at 1, or an open side allocated at a real
+    size, is a shape a request may well bring and is taken."""
+    audio = [TensorSpec("pcm", "float32", (None, None))]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("mel", audio, {}, defaults={"pcm": (1, 1)})
+    msg = err.value.message
+    assert err.value.field == "input_shape"
+    assert "'pcm' dim 1 is dynamic" in msg and "allocates 1" in msg and "pcm=" in msg
+    assert resolve_shapes("mel", audio, {"pcm": (1, 1280)}, defaults={"pcm": (1, 1)}) == {
+        "pcm": (1, 1280)}
+    image = [TensorSpec("img", "float32", (None, None, None, 3))]
+    assert resolve_shapes("seg", image, {}, defaults={"img": (1, 224, 224, 3)}) == {
+        "img": (1, 224, 224, 3)}
+    with pytest.raises(PlanError, match="'img' dim 1 is dynamic"):
+        resolve_shapes("seg", image, {}, defaults={"img": (1, 1, 1, 3)})
+
+
 # ---- signature_of ---------------------------------------------------------------------------
 def test_signature_is_order_independent_and_stable() -> None:
     one = signature_of({"input_ids": (1, 64), "attention_mask": [1, 64], "sr": ()})

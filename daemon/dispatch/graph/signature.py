@@ -117,7 +117,17 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
                 "image)", field="input_shape")
         if defaults is not None and spec.name in defaults and not any(
                 shared_symbol(d) and d in bound for d in spec.shape):
-            out[spec.name] = tuple(int(d) for d in defaults[spec.name])
+            allocated = tuple(int(d) for d in defaults[spec.name])
+            placeholder = _placeholder_dim(spec.shape, allocated)
+            if placeholder is not None:
+                # an open length or side the file allocates at 1: a model timed on one sample
+                # or a 1x1 image is planned for work no request brings
+                raise PlanError(
+                    f"model {model!r} input {spec.name!r} dim {placeholder} is dynamic "
+                    f"{_fmt(spec.shape)} and the file allocates 1 there, a placeholder; give "
+                    f"its shape with {hint} (e.g. {spec.name}={_example(spec.shape)})",
+                    field="input_shape")
+            out[spec.name] = allocated
             continue
         dims: list[int] = []
         for k, d in enumerate(spec.shape):
@@ -132,6 +142,16 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
                     f"(e.g. {spec.name}={_example(spec.shape)})", field="input_shape")
         out[spec.name] = tuple(dims)
     return out
+
+
+def _placeholder_dim(declared: Sequence[int | str | None], allocated: Sequence[int]
+                     ) -> int | None:
+    """The first dim past the batch that the file leaves open and allocates at 1 (None: the
+    allocated shape is one a request may well bring: a batch of 1, a default side of 224)."""
+    for k, (d, size) in enumerate(zip(declared, allocated, strict=False)):
+        if k > 0 and not (isinstance(d, int) and d > 0) and size == 1:
+            return k
+    return None
 
 
 def shared_symbol(dim: int | str | None) -> bool:
