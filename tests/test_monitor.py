@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import dispatch_fixtures
 import pytest
 from dispatch_fixtures import Events, HookedBackend
+from other_load import burners
 
 from edgepilot.backends.base import Target
 from edgepilot.backends.onnxrt import OnnxRuntimeBackend
 from edgepilot.dispatch.execution.monitor import Monitor, worth_switching
 from edgepilot.dispatch.model_dispatch import DispatchOptions, ModelDispatch
+from edgepilot.dispatch.planning.drift import apply_drift
 
 HOOKED = Target("hooked", "cpu", "int8")
 
@@ -128,3 +132,49 @@ def test_a_plan_that_lost_to_the_served_target_is_not_built_again(
     md.builder.profile.extra["versus_all"] = []  # never timed against it: built and timed
     applied, _ = md.replan("drift")
     assert applied
+
+
+def test_drift_under_other_work_scales_every_target_of_the_device_alike() -> None:
+    """Under a load test the one target serving was seen to slow, only its costs were scaled,
+    the replan moved to a target that looked faster, which slowed in turn: three plan changes
+    in four seconds. With other work on the CPUs, a drift scales every target of its device."""
+    gpu = "onnxruntime/cuda/fp32"
+    fp32, one = "onnxruntime/cpu/fp32", "onnxruntime/cpu-1t/fp32"
+
+    def costs() -> Any:
+        return SimpleNamespace(profile=SimpleNamespace(targets=[fp32, one, gpu]), factors={})
+
+    quiet = costs()
+    apply_drift(quiet, [(fp32, 1.6)], contention=0.0)
+    assert quiet.factors == {fp32: 1.6}
+    busy = costs()
+    lines = apply_drift(busy, [(fp32, 1.6), (one, 1.2), (fp32, 2.0)], contention=0.7)
+    assert busy.factors == {fp32: 1.6, one: 1.6}  # the device's median; the GPU untouched
+    assert "70% of the CPUs" in lines[0]
+
+
+def test_a_plan_drifting_under_other_work_is_kept(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    hooked = HookedBackend(ort_backend)
+    fp32 = Target("onnxruntime", "cpu", "fp32")
+    events = Events()
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend, "hooked": hooked},
+                       [fp32, HOOKED], DispatchOptions(tolerance=0.1, runs=3, warmup=1,
+                                                       hysteresis=-1.0), emit=events)
+    md.prepare()
+    assert md.builder is not None
+    md.builder.excluded.add(str(fp32))
+    _, plan = md.replan("operator", force=True)
+    assert plan.targets[0] == str(HOOKED)
+    md.builder.excluded.clear()
+    changes = len(events.of("plan.changed"))
+    hooked.delay_s = 0.02  # the board slowed: 20 ms more a call, far past the threshold
+    feed = md.calibration[0]
+    with burners():
+        for _ in range(8):
+            md.run(feed)
+    factors = md.builder.factors
+    assert factors.get(str(HOOKED), 1.0) > 1.5  # the drift was seen ...
+    assert factors[str(fp32)] == factors[str(HOOKED)]  # ... and put on the whole device
+    assert md.plan is not None and md.plan.hash == plan.hash
+    assert len(events.of("plan.changed")) == changes

@@ -4,8 +4,8 @@
 measures it, plans, compiles the segments, checks the whole plan's output error (repairing the
 worst layers back to the fp32 reference until it is within tolerance) and times it end to end.
 The serving layer runs requests on :meth:`current`; a failing segment (:meth:`fault`) excludes
-its target and replans, and the request is retried. Drift (:meth:`observe`) and clock changes
-replan too, applied only when predicted to win by more than the hysteresis.
+its target and replans, and the request is retried. Drift (:meth:`observe`, read against other
+work on the CPUs: drift.py) and clock changes replan too, when predicted to win by the hysteresis.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from edgepilot.dispatch.graph.samples import Feed, Samples, pick, rules_for
 from edgepilot.dispatch.graph.signature import Shapes, failure_hint, file_shapes, signature_of
 from edgepilot.dispatch.measuring.budget import timed_whole
 from edgepilot.dispatch.measuring.cells import LatencyTable
+from edgepilot.dispatch.measuring.contention import RecentLoad
 from edgepilot.dispatch.measuring.measure import Measurer, Progress
 from edgepilot.dispatch.measuring.output_check import OutputCheck
 from edgepilot.dispatch.measuring.timing import plan_timing
@@ -36,6 +37,7 @@ from edgepilot.dispatch.options import DispatchOptions
 from edgepilot.dispatch.planning.adoption import begin
 from edgepilot.dispatch.planning.cache import PlanCache, cache_key
 from edgepilot.dispatch.planning.choice import compiled_choice, measure_hops
+from edgepilot.dispatch.planning.drift import apply_drift
 from edgepilot.dispatch.planning.kernels import CorpusProvider, corpus_fits
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan
 from edgepilot.dispatch.planning.planner import CostTable, plan_cost
@@ -85,7 +87,7 @@ class ModelDispatch:
         self.published: dict[str, Any] | None = None  # a plan adopted on a shell partition
         self.spare: Executable | None = None  # an open whole model the plan may run on
         self.budget_end: float | None = None  # a model planned whole: its budget's end
-        self.recovery = Recovery(self._readmit, opts.reprobe_s)
+        self.recovery, self.load = Recovery(self._readmit, opts.reprobe_s), RecentLoad()
 
     def prepare(self, reprofile: bool = False) -> Plan:
         """Partition, profile (or load the cached profile), plan, check and time.
@@ -322,8 +324,8 @@ class ModelDispatch:
     def observe(self, compiled: CompiledPlan, times: list[float]) -> None:
         """Feed one request's per-segment times to the monitor; replans on drift (blocking)."""
         with self._lock:
-            drifted = self.monitor.observe(times) if compiled is self.compiled else []
-            if drifted:
+            self.load.tick()
+            if drifted := (self.monitor.observe(times) if compiled is self.compiled else []):
                 self._on_drift(drifted)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
@@ -378,11 +380,9 @@ class ModelDispatch:
 
     def _on_drift(self, drifted: list[int]) -> None:
         assert self.builder is not None and self.compiled is not None
-        for k in drifted:
-            seg = self.compiled.segments[k]
-            ratio = self.monitor.ratio(k)
-            self.builder.factors[seg.target] = self.builder.factors.get(seg.target, 1.0) * ratio
-            log.info("model %s: segment %d on %s drifted (x%.2f)", self.name, k, seg.target, ratio)
+        seen = [(self.compiled.segments[k].target, self.monitor.ratio(k)) for k in drifted]
+        for line in apply_drift(self.builder, seen, self.load.share()):  # whose slowing?
+            log.info("model %s: %s", self.name, line)
         self.replan("drift")
 
     # ---- explain ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ comparison and does not keep its verdict for later plans (see ``planning/versus.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import psutil
@@ -71,3 +72,27 @@ class OtherLoad:
             return 0.0
         others = (_busy_s() - self._busy0) - (_own_s(self._proc) - self._own0)
         return round(min(1.0, max(0.0, others / (wall * self._cpus))), 3)
+
+
+class RecentLoad:
+    """Other work's share of the CPUs over about the last second, cheap enough to keep per
+    request: :meth:`tick` (every request) leaves a meter every half window, the last three
+    kept; :meth:`share` reads from the oldest one between half a window and two windows old,
+    or, where requests were too sparse to leave one, meters a quarter window now."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self.window_s = window_s
+        self._marks: deque[OtherLoad] = deque(maxlen=3)
+
+    def tick(self) -> None:
+        if not self._marks or time.monotonic() - self._marks[-1]._t0 >= self.window_s / 2:
+            self._marks.append(OtherLoad())
+
+    def share(self) -> float:
+        now = time.monotonic()
+        for mark in self._marks:  # oldest first
+            if self.window_s / 2 <= now - mark._t0 <= 2 * self.window_s:
+                return mark.share()
+        meter = OtherLoad()
+        time.sleep(self.window_s / 4)
+        return meter.share()
