@@ -110,3 +110,12 @@ def test_a_contended_verdict_is_timed_again_not_served_from_the_profile() -> Non
     keep_verdict(verdicts, again)
     assert verdicts == [quiet, old, again]
     assert prior_verdict(verdicts, seg, INT8) is again
+
+
+def test_no_try_again_past_the_planning_budget() -> None:
+    def run(feed: dict[str, Any]) -> None:
+        time.sleep(0.002)
+
+    with burners():
+        v = versus(run, run, {}, 0.05, deadline=time.monotonic() + 0.1)
+    assert v.contention > CONTENDED and v.tries == 1

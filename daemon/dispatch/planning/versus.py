@@ -75,18 +75,20 @@ class Verdict:
 
 def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: float,
            rounds: int = ROUNDS, progress: Progress | None = None,
-           tries: int = CONTENDED_TRIES) -> Verdict:
+           tries: int = CONTENDED_TRIES, deadline: float | None = None) -> Verdict:
     """Time ``plan`` and ``single`` side by side; keep the plan only when it wins beyond
     ``margin`` and the noise of the rounds. A side by side over which other work took more
     than :data:`CONTENDED` of the CPUs is made again (up to :data:`CONTENDED_TRIES` in all)
-    and the least contended one decides: a spell of load favours the one-thread target."""
+    and the least contended one decides: a spell of load favours the one-thread target.
+    ``deadline`` (``time.monotonic()``): no try is begun that would end past it."""
     best: Verdict | None = None
     for k in range(max(1, tries)):
+        t0 = time.monotonic()
         v = _side_by_side(plan, single, feed, margin, rounds, progress)
-        v.tries = k + 1
         if best is None or v.contention < best.contention:
             best = v
-        if v.contention <= CONTENDED:
+        now = time.monotonic()
+        if v.contention <= CONTENDED or (deadline is not None and now + (now - t0) > deadline):
             break
     assert best is not None
     best.tries = k + 1
@@ -212,7 +214,7 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                                      "planning_budget_s"}
             continue
         won = _challenge(name, builder, part, current, running, target, backends, feed,
-                         margin, check, progress)
+                         margin, check, progress, deadline)
         if won is not None:
             if best is not None:
                 best[1].close()  # an earlier winner, beaten in turn
@@ -224,7 +226,8 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                compiled: CompiledPlan, target: str, backends: Mapping[str, Backend],
                feed: dict[str, np.ndarray], margin: float,
                check: Callable[[CompiledPlan], float],
-               progress: Progress | None) -> tuple[Plan, CompiledPlan] | None:
+               progress: Progress | None, deadline: float | None = None
+               ) -> tuple[Plan, CompiledPlan] | None:
     """``target`` whole against ``plan`` side by side: its plan when it wins (see
     :func:`single_instead`)."""
     t, n = Target.parse(target), len(part.layers)
@@ -251,7 +254,7 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     single = CompiledPlan([CompiledSegment(target, 0, n, whole, exe, whole_ms)], part.outputs)
     if v is None:
         v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin,
-                   progress=progress)
+                   progress=progress, deadline=deadline)
         if len(plan.segments) == 1:  # a rival replaces a whole model only by winning
             v.keep_plan = v.ratio >= 1.0 - max(margin, v.noise)
     record = {"target": target, "plan_ms": round(v.plan_ms, 4),
