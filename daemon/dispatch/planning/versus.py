@@ -81,17 +81,16 @@ def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: fl
     than :data:`CONTENDED` of the CPUs is made again (up to :data:`CONTENDED_TRIES` in all)
     and the least contended one decides: a spell of load favours the one-thread target.
     ``deadline`` (``time.monotonic()``): no try is begun that would end past it."""
-    best: Verdict | None = None
-    for k in range(max(1, tries)):
+    made: list[Verdict] = []
+    while len(made) < max(1, tries):
         t0 = time.monotonic()
         v = _side_by_side(plan, single, feed, margin, rounds, progress)
-        if best is None or v.contention < best.contention:
-            best = v
+        made.append(v)
         now = time.monotonic()
         if v.contention <= CONTENDED or (deadline is not None and now + (now - t0) > deadline):
             break
-    assert best is not None
-    best.tries = k + 1
+    best = min(made, key=lambda v: v.contention)
+    best.tries = len(made)
     return best
 
 
