@@ -151,3 +151,33 @@ def test_values_the_model_refuses_are_a_422_and_exclude_no_target(tmp_path: Path
         assert "ids=1x3" not in log  # never planned for the refused request's shapes
     finally:
         assert d.stop() == 0
+
+
+def test_one_plan_is_made_at_a_time_and_the_others_say_queued() -> None:
+    """Fourteen models planning at once took every inference thread (requests waited 4-16 s),
+    and each one's timings were the others' load: plans are made one at a time."""
+    import asyncio
+
+    from edgepilot.dispatch.background import BackgroundPlans
+
+    async def scenario() -> tuple[list[str], dict[str, object]]:
+        plans = BackgroundPlans()
+        log: list[str] = []
+
+        def work(name: str):  # type: ignore[no-untyped-def]
+            async def run() -> None:
+                log.append(f"start {name}")
+                await asyncio.sleep(0.05)
+                log.append(f"end {name}")
+            return run
+
+        plans.start(("a", ""), work("a"))
+        plans.start(("b", ""), work("b"))
+        await asyncio.sleep(0.01)
+        queued = plans.state(("b", ""))
+        await plans.wait()
+        return log, queued
+
+    log, queued = asyncio.run(scenario())
+    assert log == ["start a", "end a", "start b", "end b"]
+    assert "queued" in str(queued["what"])

@@ -178,3 +178,37 @@ def test_a_plan_drifting_under_other_work_is_kept(
     assert factors[str(fp32)] == factors[str(HOOKED)]  # ... and put on the whole device
     assert md.plan is not None and md.plan.hash == plan.hash
     assert len(events.of("plan.changed")) == changes
+
+
+def test_a_request_never_waits_for_a_replan_to_watch_its_times(
+        mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    """A drift replan holds the model for seconds (compiles, a side by side): a request that
+    finished meanwhile drops its times rather than queueing behind it (a 6 ms request took
+    3.8 s)."""
+    import threading
+
+    md = ModelDispatch("mlp", mlp_path, {"onnxruntime": ort_backend},
+                       [Target("onnxruntime", "cpu", "fp32")],
+                       DispatchOptions(tolerance=0.1, runs=3, warmup=1))
+    md.prepare()
+    current = md.current()
+    assert current is not None
+    compiled = current[0]
+    held, release = threading.Event(), threading.Event()
+
+    def replanning() -> None:
+        with md._lock:
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=replanning)
+    t.start()
+    held.wait(5)
+    before = [s["samples"] or 0 for s in md.monitor.snapshot()]
+    # (waiting, it would have watched them once the holder gave up after 5 s)
+    md.observe(compiled, [1.0] * len(compiled.segments))
+    release.set()
+    t.join()
+    assert [s["samples"] or 0 for s in md.monitor.snapshot()] == before
+    md.observe(compiled, [1.0] * len(compiled.segments))  # free again: watched
+    assert [s["samples"] or 0 for s in md.monitor.snapshot()] != before

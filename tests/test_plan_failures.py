@@ -366,3 +366,19 @@ def test_an_attention_masks_infinities_agree_and_a_stray_one_does_not() -> None:
         assert 0 < tensor_error(mask + np.array([0, 0, 0.1, 0]), mask) < 0.1
         assert tensor_error(np.array([0.0, np.inf, 1.5, -np.inf]), mask) == float("inf")
         assert tensor_error(np.array([0.0, np.nan, 1.5, -np.inf]), mask) == float("inf")
+
+
+def test_a_target_failing_every_layer_and_the_whole_model_alike_is_one_exclusion() -> None:
+    """An int8 variant the quantizer cannot make fails every layer and the whole model for the
+    one reason: the plan JSON listed it twice (the layers' run, then the whole model)."""
+    from edgepilot.dispatch.measuring.cells import Cell, exclusions
+
+    why = "onnxruntime could not make the int8-dynamic variant: ValueError: Failed to find proper"
+    rows = [{"a/fp32": Cell(1.0), "a/int8": Cell(None, reason=why)} for _ in range(3)]
+    whole = {"a/fp32": Cell(3.0), "a/int8": Cell(None, reason=why)}
+    assert exclusions(rows, whole) == [{"layers": [0, 3], "target": "a/int8", "reason": why}]
+    # a whole model failing for a reason of its own is its own entry
+    other = {"a/fp32": Cell(None, reason="out of memory"), "a/int8": Cell(None, reason=why)}
+    assert exclusions(rows, other) == [
+        {"layers": [0, 3], "target": "a/int8", "reason": why},
+        {"layers": [0, 3], "target": "a/fp32", "reason": "out of memory"}]

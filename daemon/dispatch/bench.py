@@ -64,6 +64,7 @@ def raw_runner(md: ModelDispatch) -> Runner:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # warnings (shape merges, unused initializers) are noise here
         backend = md.backends.get("onnxruntime")
         if not getattr(getattr(backend, "settings", None), "allow_spinning", False):
             # the same thread policy as edgepilot's sessions: in one process, a spinning

@@ -301,11 +301,9 @@ class ModelDispatch:
 
     # ---- serving ------------------------------------------------------------------------------
     def current(self) -> tuple[CompiledPlan, Plan] | None:
-        """The plan to serve on now and its executables; None before the first plan.
-
-        Lock-free on purpose: the event loop calls it per request while a replan may hold the
-        lock for seconds in a worker thread (the two attributes are swapped together by
-        ``_install`` and a request that sees the old pair finishes on it)."""
+        """The plan to serve on now and its executables; None before the first plan. Lock-free:
+        called per request while a replan may hold the lock for seconds (``_install`` swaps the
+        two together; a request that sees the old pair finishes on it)."""
         compiled, plan = self.compiled, self.plan
         return None if compiled is None or plan is None else (compiled, plan)
 
@@ -323,10 +321,18 @@ class ModelDispatch:
 
     def observe(self, compiled: CompiledPlan, times: list[float]) -> None:
         """Feed one request's per-segment times to the monitor; replans on drift (blocking)."""
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            return  # a replan holds it (seconds): this request's times would not be its plan's
+        try:
             self.load.tick()
             if drifted := (self.monitor.observe(times) if compiled is self.compiled else []):
-                self._on_drift(drifted)
+                assert self.builder is not None
+                seen = [(compiled.segments[k].target, self.monitor.ratio(k)) for k in drifted]
+                for line in apply_drift(self.builder, seen, self.load.share()):  # whose slowing?
+                    log.info("model %s: %s", self.name, line)
+                self.replan("drift")
+        finally:
+            self._lock.release()
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
         """Serve one request in this thread, no device queues (the CLI, tests): the same
@@ -377,13 +383,6 @@ class ModelDispatch:
         log.info("model %s: %s passed its probe; back in its plans", self.name, target)
         self.emit("backend.recovered", model=self.name, target=target)
         return True
-
-    def _on_drift(self, drifted: list[int]) -> None:
-        assert self.builder is not None and self.compiled is not None
-        seen = [(self.compiled.segments[k].target, self.monitor.ratio(k)) for k in drifted]
-        for line in apply_drift(self.builder, seen, self.load.share()):  # whose slowing?
-            log.info("model %s: %s", self.name, line)
-        self.replan("drift")
 
     # ---- explain ------------------------------------------------------------------------------
     def explain(self) -> dict[str, Any]:

@@ -115,6 +115,7 @@ class Serving:
         device's line is full, 503), DeadlineExceeded (``timeout_s`` passed before it ran),
         or the runtime's error. ``model`` skips resolving when the caller already did.
         """
+        arrived = time.monotonic()  # latency_ms counts the wait for a thread or a load too
         if timeout_s is not None and timeout_s <= 0:
             raise CommandError("timeout must be positive", field="timeout_ms")
         model = model or self.tensor_model(name)
@@ -133,7 +134,7 @@ class Serving:
             raise
         done = time.monotonic()
         energy = self.work.end(req, plan=plan, now=done)
-        return InferResult(outputs, plan, round((done - req.started) * 1000, 3), energy)
+        return InferResult(outputs, plan, round((done - arrived) * 1000, 3), energy)
 
     def _batcher(self, model: ResolvedModel, specs: list[TensorSpec]) -> Batcher | None:
         entry = model.entry
@@ -219,8 +220,9 @@ class Serving:
             outputs, ran = await self._run_whole(model, inputs, deadline)
             await self.run_blocking(md.fault, fault, plan.hash)
             return outputs, ran
-        # the monitor is cheap; a drift replan is not, and runs in the worker thread
-        await self.run_blocking(md.observe, compiled, times)
+        # the monitor is cheap; a drift replan is not (seconds: compiles, a side by side): it
+        # runs in a worker thread after this answer, not before it (a 6 ms request took 3.8 s)
+        self.executor.submit(md.observe, compiled, times).add_done_callback(_failed_observe)
         return outputs, plan.hash
 
     async def _segments(self, name: str, compiled: CompiledPlan, inputs: Tensors,
@@ -236,6 +238,13 @@ class Serving:
             env.update(out)
             times.append(ms)
         return compiled.collect(env), times
+
+
+def _failed_observe(fut: concurrent.futures.Future[None]) -> None:
+    exc = None if fut.cancelled() else fut.exception()
+    if exc is not None:  # the answer went out already: the log is where this can be told
+        log.error("watching a plan after a request failed: %s",
+                  getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
 
 
 def _check_deadline(deadline: float | None, name: str) -> None:

@@ -87,6 +87,7 @@ def exclusions(cells: list[dict[str, Cell]], whole: Mapping[str, Cell]) -> list[
             else:
                 out.append({"layers": [i, i + 1], "target": target, "reason": cell.reason})
     n = len(cells)
-    out.extend({"layers": [0, n], "target": t, "reason": c.reason}
-               for t, c in whole.items() if c.ms is None and n > 1)
-    return out
+    wholes = [{"layers": [0, n], "target": t, "reason": c.reason}
+              for t, c in whole.items() if c.ms is None and n > 1]
+    # every layer failing for the reason the whole model did is that one entry, not two
+    return out + [e for e in wholes if e not in out]

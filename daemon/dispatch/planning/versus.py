@@ -55,6 +55,9 @@ LIGHT_MS = 2.0
 # a side by side over which other work took more than CONTENDED of the CPUs is timed again, up
 # to this many tries in all, and the least contended one decides
 CONTENDED_TRIES = 3
+# ... but only a side by side this short (s) is made again: a heavy model's took 5 s a try, and
+# three of them held a 1.1 MB audio model's planning past a minute
+RETRY_MAX_S = 1.5
 # whole models timed while other work ran: every target within this factor of the chosen one's
 # is a rival (a two-thread session read 1.45x the one-thread one under a build, 0.69x quiet)
 CONTENDED_WITHIN = 2.0
@@ -78,16 +81,18 @@ def versus(plan: Runner, single: Runner, feed: dict[str, np.ndarray], margin: fl
            tries: int = CONTENDED_TRIES, deadline: float | None = None) -> Verdict:
     """Time ``plan`` and ``single`` side by side; keep the plan only when it wins beyond
     ``margin`` and the noise of the rounds. A side by side over which other work took more
-    than :data:`CONTENDED` of the CPUs is made again (up to :data:`CONTENDED_TRIES` in all)
-    and the least contended one decides: a spell of load favours the one-thread target.
-    ``deadline`` (``time.monotonic()``): no try is begun that would end past it."""
+    than :data:`CONTENDED` of the CPUs is made again (up to :data:`CONTENDED_TRIES` in all,
+    when it took under :data:`RETRY_MAX_S`) and the least contended one decides: a spell of
+    load favours the one-thread target. ``deadline`` (``time.monotonic()``): no try is begun
+    that would end past it."""
     made: list[Verdict] = []
     while len(made) < max(1, tries):
         t0 = time.monotonic()
         v = _side_by_side(plan, single, feed, margin, rounds, progress)
         made.append(v)
         now = time.monotonic()
-        if v.contention <= CONTENDED or (deadline is not None and now + (now - t0) > deadline):
+        if v.contention <= CONTENDED or now - t0 > RETRY_MAX_S or (
+                deadline is not None and now + (now - t0) > deadline):
             break
     best = min(made, key=lambda v: v.contention)
     best.tries = len(made)
