@@ -52,6 +52,9 @@ def test_paths_escaping_the_model_dir_are_refused(tmp_path: Path, gguf_path: Pat
         with pytest.raises(ModelError, match="outside the model dir") as err:
             asyncio.run(d.models.load(name))
         assert err.value.field == f"models.{name}.file"
+        # a link is told to be one, with where it leads: the operator made it on purpose
+        assert ("is a symlink to " + str(outside.resolve()) in err.value.message) == \
+            (name == "link")
     assert d.models.loaded == {}
 
 

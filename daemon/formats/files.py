@@ -48,9 +48,13 @@ def inside_model_dir(model_dir: Path, entry: ModelEntry) -> Path:
     root = model_dir.resolve()
     path = (root / entry.file).resolve()
     if not path.is_relative_to(root):
-        raise ModelError(f"model {entry.name!r}: file {str(entry.file)!r} resolves outside the "
-                         f"model dir {root}; put the file in the model dir",
-                         field=f"models.{entry.name}.file")
+        link = (root / entry.file).is_symlink()
+        raise ModelError(f"model {entry.name!r}: file {str(entry.file)!r} "
+                         + (f"is a symlink to {path}, which resolves outside the model dir "
+                            f"{root} (links out of it are refused: any file on the board could "
+                            "be served); copy the file into the model dir" if link else
+                            f"resolves outside the model dir {root}; put the file in the model "
+                            "dir"), field=f"models.{entry.name}.file")
     return path
 
 
