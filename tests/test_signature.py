@@ -151,3 +151,20 @@ def test_signature_is_order_independent_and_stable() -> None:
     # the text is what --input-shape reads back
     back = dict(parse_shape_arg(p) for p in one.split(";"))
     assert back == {"input_ids": (1, 64), "attention_mask": (1, 64), "sr": ()}
+
+
+def test_a_failure_at_shapes_given_for_open_dims_names_them() -> None:
+    """A batch of 2 given for one input and 1 for the other failed in a Concat inside the
+    model and read as if no runtime could run the file: the shapes given are named."""
+    from pathlib import Path
+
+    from edgepilot.dispatch.graph.signature import given_dims_hint
+
+    specs = [TensorSpec("audio", "float32", ("batch", 1, "frames", 257)),
+             TensorSpec("embed", "float32", ("batch", 64)),
+             TensorSpec("sr", "int64", ())]
+    hint = given_dims_hint(Path("m.onnx"), specs, {"audio": (1, 1, 100, 257),
+                                                   "embed": (2, 64), "sr": ()})
+    assert "'audio' [batch, 1, frames, 257] as 1x1x100x257" in hint
+    assert "'embed' [batch, 64] as 2x64" in hint and "'sr'" not in hint  # fixed: not given
+    assert given_dims_hint(Path("m.onnx"), specs[2:], {"sr": ()}) == ""

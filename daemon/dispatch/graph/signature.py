@@ -211,7 +211,8 @@ def failure_hint(exc: UnrunnableModel, path: Path, specs: Sequence[TensorSpec], 
     ``generated()`` (where real samples go); nothing after an operator the runtime lacks."""
     if operators_lacking(exc.message):
         return ""
-    return open_dims_hint(path, specs, shapes) + (generated() if exc.ran else "")
+    return (open_dims_hint(path, specs, shapes) or given_dims_hint(path, specs, shapes)) + (
+        generated() if exc.ran else "")
 
 
 def operators_lacking(message: str) -> bool:
@@ -222,6 +223,26 @@ def operators_lacking(message: str) -> bool:
 
     return any(phrase in message for phrase in (UNRESOLVED, FLEX_OPS, "registers no operator",
                                                 "is not a registered function/op"))
+
+
+def given_dims_hint(path: Path, specs: Sequence[TensorSpec], shapes: Shapes) -> str:
+    """What to add to an error of a model run at shapes given for its open dims: those
+    shapes (a batch of 2 given for one input and 1 for another failed inside the model, in a
+    Concat, and read as if no runtime could run the file); "" when no input has open dims."""
+    defaults: Mapping[str, Sequence[int]] = {}
+    if path.suffix.lower() == ".tflite":
+        from edgepilot.dispatch.graph.tflite_layers import default_shapes
+
+        defaults = default_shapes(path)
+    given = [s for s in specs if s.name in shapes and tuple(shapes[s.name]) != tuple(
+        defaults.get(s.name, ())) and (not s.rank_known or any(
+            not (isinstance(d, int) and d > 0) for d in s.shape))]
+    if not given:
+        return ""
+    shown = ", ".join(f"{s.name!r} {_fmt(s.shape) if s.rank_known else '(any)'} as "
+                      f"{'x'.join(map(str, shapes[s.name])) or 'scalar'}" for s in given)
+    return (f"; it ran at the shapes given for its open dims ({shown}): a size mismatch inside "
+            "the model most often means those disagree with each other")
 
 
 def open_dims_hint(path: Path, specs: Sequence[TensorSpec], shapes: Shapes) -> str:
