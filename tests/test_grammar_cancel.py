@@ -88,3 +88,19 @@ def test_a_grammar_that_aborted_the_worker_is_refused_not_sent_again() -> None:
         assert exe.restarts == 1 and exe.worker_pid not in (None, first)  # no second crash
     finally:
         exe.close()
+
+
+def test_a_grammar_whose_worker_died_of_sigsegv_is_refused_too() -> None:
+    """A grammar llama.cpp failed to parse, sampled with anyway, ends the worker in SIGSEGV,
+    not SIGABRT; clients retried it into a crash each time. It is refused like an abort."""
+    from edgepilot.backends.llamacpp.aborts import AbortedGrammars
+
+    kept = AbortedGrammars("smol")
+    params = {"grammar": schema_grammar(LONG, "response_format")}
+    kept.died(params, -signal.SIGTERM, 41)  # stopped, not crashed: nothing kept
+    kept.refuse(params)
+    kept.died(params, -signal.SIGSEGV, 42)
+    with pytest.raises(GrammarAborted) as refused:
+        kept.refuse(params)
+    assert refused.value.field == "response_format" and "SIGSEGV" in refused.value.message
+    kept.refuse({"grammar": schema_grammar(None, "format")})  # another grammar goes on

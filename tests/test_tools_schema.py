@@ -16,7 +16,7 @@ import openai
 import pytest
 from daemon_proc import DaemonProcess
 from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from edgepilot.backends.llamacpp.backend import LlamaCppBackend
 from edgepilot.backends.llamacpp.grammar import schema_gbnf
@@ -338,3 +338,59 @@ def test_several_calls_in_one_answer_and_parallel_tool_calls_false(oa: openai.Op
                                         tools=TOOLS, tool_choice="auto",  # type: ignore[arg-type]
                                         temperature=0, max_tokens=80, parallel_tool_calls=False)
     assert len(single.choices[0].message.tool_calls or []) == 1
+
+
+class Flight(BaseModel):
+    """Regex-escape patterns: they crashed the llama.cpp worker on every retry (``\\d``
+    reached llama.cpp's grammar parser as an unknown escape)."""
+
+    code: str = Field(pattern=r"^[A-Z]{2}\d{3}$")
+    gate: str = Field(pattern=r"^[A-Z]\.\d$")
+
+
+def test_patterns_with_regex_escapes_and_untyped_lists_constrain_the_answer(
+        oa: openai.OpenAI) -> None:
+    import re
+
+    got = oa.chat.completions.parse(
+        model="smol", messages=[{"role": "user", "content": "Give a flight as JSON."}],
+        response_format=Flight, temperature=0, max_tokens=60)
+    flight = got.choices[0].message.parsed
+    assert flight is not None  # the openai client validated it against the model
+    assert re.fullmatch(r"[A-Z]{2}\d{3}", flight.code) and re.fullmatch(r"[A-Z]\.\d", flight.gate)
+    # what a grammar cannot say is a 400 naming the field, not a worker's crash
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "A word."}], max_tokens=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": {
+                "type": "object", "properties": {"w": {"type": "string",
+                                                       "pattern": r"\bword\b"}}}}})
+    assert "\\b" in str(err.value) and "response_format" in str(err.value)
+    # an untyped list (``items: {}``: a list of anything) was a 400 (read as no items at all)
+    tags = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "required": ["tags"],
+        "properties": {"tags": {"type": "array", "items": {}, "maxItems": 2}}}}}
+    called = oa.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Tag this: red car"}],
+        tools=[tags], tool_choice="required", max_tokens=60, temperature=0)
+    assert called.choices[0].finish_reason in ("tool_calls", "length")
+
+
+def test_regex_escapes_become_classes_llama_cpp_parses() -> None:
+    from edgepilot.backends.llamacpp.patterns import safe_pattern
+    from edgepilot.errors import CommandError
+
+    assert safe_pattern(r"^[A-Z]{3}-\d{2}$", "f") == "^[A-Z]{3}-[0-9]{2}$"
+    assert safe_pattern(r"^\w+\.\S$", "f") == r"^[a-zA-Z0-9_]+[\x2E][^ \t\n\r]$"
+    assert safe_pattern(r"[\d\-]", "f") == r"[0-9\x2D]"
+    assert safe_pattern(r"a\\b\n", "f") == r"a\\b\n"
+    for bad in (r"\bword", r"(a)\1", r"[\D]", "x\\"):
+        with pytest.raises(CommandError) as err:
+            safe_pattern(bad, "format")
+        assert err.value.field == "format"
+    # every escape in the grammar built is one llama.cpp's parser knows
+    gbnf = schema_gbnf({"type": "object", "properties": {
+        "a": {"type": "string", "pattern": r"^\d+\.\d+ \(\w\)$"},
+        "b": {"type": "array", "items": {}}}}, "format")
+    escapes = {gbnf[i + 1] for i, c in enumerate(gbnf) if c == "\\" and gbnf[i - 1] != "\\"}
+    assert escapes <= set('xuUtrn\\"[]'), escapes

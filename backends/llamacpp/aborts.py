@@ -4,9 +4,10 @@ llama.cpp aborts the process on some grammar and sampler failures (an empty gram
 after a token, its asserts). In a worker process that costs the requests in flight a 503 and
 the worker a restart; a client that resends the same request (the ``openai`` client retries a
 503 twice by itself) would crash it again, each time. So a constrained generation whose worker
-died of SIGABRT leaves its grammar here, and the next request with the same grammar on that
-model is a 400 naming the field it came from (``format``, ``response_format``, ``tools``) and
-saying why, until the model is reloaded. Other grammars, and requests without one, go on.
+died of SIGABRT (or SIGSEGV, SIGBUS...) leaves its grammar here, and the next request with the
+same grammar on that model is a 400 naming the field it came from (``format``,
+``response_format``, ``tools``) and saying why, until the model is reloaded. Other grammars,
+and requests without one, go on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from edgepilot.backends.llamacpp.grammar import field_of, text_of
 from edgepilot.errors import GrammarAborted
 
 MAX_KEPT = 64  # grammars remembered per model, the oldest forgotten first
+# deaths native code dies of: an abort, and a grammar llama.cpp failed to parse and sampled
+# with anyway (SIGSEGV, on every retry a client made)
+_NATIVE_DEATHS = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
 
 
 def _key(params: dict[str, Any]) -> str | None:
@@ -46,12 +50,13 @@ class AbortedGrammars:
         """A worker running a generation with ``params`` ended with ``returncode``: remember
         its grammar when llama.cpp aborted (SIGABRT)."""
         key = _key(params)
-        if key is None or returncode != -signal.SIGABRT:
+        if key is None or returncode is None or -returncode not in _NATIVE_DEATHS:
             return
         field = field_of(params["grammar"])
         self._kept[key] = (
-            f"this {field} made llama.cpp abort the worker of model {self.model!r} (SIGABRT, "
-            f"pid {pid}, at {time.strftime('%H:%M:%S')}); the worker was restarted, and the "
+            f"this {field} made llama.cpp abort the worker of model {self.model!r} "
+            f"({signal.Signals(-returncode).name}, pid {pid}, at {time.strftime('%H:%M:%S')}); "
+            "the worker was restarted, and the "
             f"same {field} is refused for this model from now on rather than crash it again "
             "(until the model is reloaded): change the schema or the tools")
         while len(self._kept) > MAX_KEPT:

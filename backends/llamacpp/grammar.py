@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 
+from edgepilot.backends.llamacpp.patterns import safe_patterns
 from edgepilot.backends.llamacpp.runtime import import_llama_cpp
 from edgepilot.errors import CommandError
 
@@ -57,6 +58,7 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
     for a recursive model) or that refers to itself is converted as a definition of its own
     (:func:`hoisted`) when it fails as it is."""
     check_schema(schema, field)
+    schema = _no_empty_items(safe_patterns(schema, field))
     try:
         gbnf = _convert(schema)
     except _CONVERTER_ERRORS as exc:
@@ -67,7 +69,37 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
                              "$defs": hoisted(schema, "schema")})
         except _CONVERTER_ERRORS:
             raise _cannot(field, exc) from None
-    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
+    return _checked_escapes(gbnf.replace(_LOOSE_CHAR, _JSON_CHAR), field)
+
+
+# the escapes llama.cpp's grammar parser knows (any other is "unknown escape": no grammar)
+_GBNF_ESCAPES = set('xuUtrn\\"[]')
+
+
+def _checked_escapes(gbnf: str, field: str) -> str:
+    """``gbnf`` when every backslash escape in it is one llama.cpp parses; else a 400 naming
+    ``field`` (a grammar llama.cpp fails to parse left a worker to crash on it)."""
+    i = gbnf.find("\\")
+    while i != -1:
+        nxt = gbnf[i + 1:i + 2]
+        if nxt not in _GBNF_ESCAPES:
+            raise CommandError(f"{field}: llama.cpp cannot constrain generation to this schema "
+                               f"(its grammar would hold the escape \\{nxt}, which llama.cpp "
+                               "does not parse)", field=field)
+        i = gbnf.find("\\", i + 2)
+    return gbnf
+
+
+def _no_empty_items(schema: Any) -> Any:
+    """``schema`` without ``items: {}`` / ``items: true`` (any item: an array of ``Any``, a
+    recursive model LangChain flattened), which the converter reads as no items at all and
+    fails on (KeyError: 'prefixItems'); without ``items`` it takes any JSON values."""
+    if isinstance(schema, dict):
+        return {k: _no_empty_items(v) for k, v in schema.items()
+                if not (k == "items" and (v == {} or v is True))}
+    if isinstance(schema, list):
+        return [_no_empty_items(v) for v in schema]
+    return schema
 
 
 _CONVERTER_ERRORS = (ValueError, KeyError, TypeError, AttributeError, NotImplementedError,
