@@ -371,6 +371,10 @@ def test_model_management_says_models_are_files(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.pull("llama3.2")
     assert err.value.status_code == 501 and "model dir" in str(err.value)
+    # a model already here is pulled at once: scripts "ensure" a model by pulling it first
+    assert client.pull("smol").status == "success"
+    statuses = [p.status for p in client.pull("smol:latest", stream=True)]
+    assert statuses[-1] == "success" and len(statuses) > 1
     with pytest.raises(ollama.ResponseError) as missing:
         client.chat(model="nope", messages=MESSAGES)
     assert missing.value.status_code == 404 and "'nope'" in missing.value.error
@@ -464,3 +468,18 @@ def test_an_embedding_model_is_shown_as_one(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.embed(model="emb", input=long, truncate=False)
     assert err.value.status_code == 400 and "input" in err.value.error
+
+
+def test_curl_d_without_a_json_content_type_is_read_as_json(daemon: DaemonProcess) -> None:
+    """``curl URL -d @body.json`` sends ``application/x-www-form-urlencoded``: llama.cpp's
+    server and Ollama read the JSON all the same; the /v1 routes answered 400."""
+    import json as _json
+    import urllib.request
+
+    body = _json.dumps({"model": "smol", "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "Hi"}]}).encode()
+    req = urllib.request.Request(daemon.url + "/v1/chat/completions", data=body)
+    assert req.get_header("Content-type") is None  # urllib, like curl -d, sends a form
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        answer = _json.loads(resp.read())
+    assert resp.status == 200 and answer["choices"][0]["message"]["role"] == "assistant"

@@ -164,6 +164,24 @@ class BodyLimit:
         await resp(scope, receive, send)
 
 
+class FormAsJson:
+    """A generation route's body sent as a form (``curl -d @body.json`` without a JSON
+    Content-Type: curl's default) is read as the JSON it is, as llama.cpp's server and
+    Ollama's ``/v1`` read it; FastAPI would not parse it and the answer was a 400."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in GENERATION_ROUTES:
+            headers = scope.get("headers") or []
+            if (b"content-type", b"application/x-www-form-urlencoded") in headers:
+                scope = {**scope, "headers": [
+                    (k, b"application/json" if k == b"content-type" else v)
+                    for k, v in headers]}
+        await self.app(scope, receive, send)
+
+
 class _TooLarge(StarletteHTTPException):
     """Raised from ``receive`` while the body streams in (chunked, no Content-Length).
 
@@ -212,6 +230,7 @@ def create_app(api: HttpApi) -> FastAPI:
 
     for module in (health, commands, profile, telemetry, config, openai, ollama, infer, plan):
         app.include_router(module.router)
+    app.add_middleware(FormAsJson)
     app.add_middleware(BodyLimit, limit=api.config().http.max_body_bytes)
     app.add_middleware(LlmCors, origins=api.config().http.cors_origins)
     return app

@@ -38,6 +38,7 @@ from edgepilot.http.ollama_request import (
     EmbeddingsBody,
     GenerateBody,
     Message,
+    PullBody,
     ShowBody,
     keep_alive_seconds,
     num_ctx_option,
@@ -344,6 +345,30 @@ async def version() -> dict[str, str]:
 
 
 @router.post("/api/pull", include_in_schema=False)
+async def pull(request: Request) -> Any:
+    """A model already in the model dir is pulled at once (scripts and clients "ensure" a model
+    by pulling it before use: Ollama answers a local one with its status lines ending in
+    ``success``); any other is a 501, as nothing is downloaded on a board."""
+    body = parse(PullBody, await _json(request))
+    gen = _generator(request)
+    given = body.model or body.name
+    if not given:
+        raise CommandError("field 'model' is required", field="model")
+    try:
+        gen.registry.catalog.resolve(model_name(gen, given))
+    except NotFoundError:
+        await manage(request)
+    if not body.stream:
+        return {"status": "success"}
+
+    async def lines() -> Any:
+        for status in ("pulling manifest", "verifying sha256 digest", "writing manifest",
+                       "success"):
+            yield {"status": status}
+
+    return StreamingResponse(ndjson(lines()), media_type="application/x-ndjson")
+
+
 @router.post("/api/push", include_in_schema=False)
 @router.post("/api/create", include_in_schema=False)
 @router.post("/api/copy", include_in_schema=False)

@@ -231,6 +231,13 @@ class ShowBody(_Body):
     verbose: bool = False
 
 
+class PullBody(_Body):
+    model: str | None = Field(None, min_length=1, max_length=128)
+    name: str | None = Field(None, min_length=1, max_length=128)  # the older spelling
+    insecure: bool = False
+    stream: bool = True
+
+
 def parse(cls: type[B], data: Any) -> B:
     """``data`` as ``cls``; the first validation error as a CommandError naming its field."""
     if not isinstance(data, dict):
