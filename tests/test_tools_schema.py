@@ -394,3 +394,32 @@ def test_regex_escapes_become_classes_llama_cpp_parses() -> None:
         "b": {"type": "array", "items": {}}}}, "format")
     escapes = {gbnf[i + 1] for i, c in enumerate(gbnf) if c == "\\" and gbnf[i - 1] != "\\"}
     assert escapes <= set('xuUtrn\\"[]'), escapes
+
+
+def test_a_text_answer_under_auto_tools_streams_and_a_call_is_still_a_call(
+        oa: openai.OpenAI, daemon: DaemonProcess) -> None:
+    """Agents send their tools on every turn; an answer in text was generated whole under the
+    grammar of a call or text (11x slower here, and a stream sent nothing until its end: zero
+    bytes for ten minutes without num_predict). One token under that grammar now decides, and
+    a text answer streams token by token; a call is parsed whole as before."""
+    tools = [_tool("HassTurnOn", "Turns on")]
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    stream = oa.chat.completions.create(model="smol", messages=question, tools=tools,
+                                        stream=True, max_tokens=30, temperature=0)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    text = [d.content for d in deltas if d.content]
+    assert len(text) > 2 and not any(d.tool_calls for d in deltas)
+    assert "".join(text)[0] not in '{["' and not "".join(text)[0].isspace()
+    whole = oa.chat.completions.create(model="smol", messages=question, tools=tools,
+                                       max_tokens=30, temperature=0)
+    # (whole, the same text up to llama.cpp's greedy ties across KV-cache states: see README)
+    assert whole.choices[0].message.content and not whole.choices[0].message.tool_calls
+    call = oa.chat.completions.create(model="smol", messages=MESSAGES, tools=TOOLS,
+                                      max_tokens=60, temperature=0)
+    assert call.choices[0].message.tool_calls and call.choices[0].finish_reason == "tool_calls"
+    # Ollama's chat: the same, as its client reads it
+    client = ollama.Client(host=daemon.url)
+    parts = [c.message.content for c in client.chat(
+        model="smol", messages=question, tools=tools, stream=True,
+        options={"temperature": 0, "num_predict": 30}) if c.message.content]
+    assert len(parts) > 2 and "".join(parts)[0] not in '{["'

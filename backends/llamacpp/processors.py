@@ -15,6 +15,7 @@ from typing import Any
 from edgepilot.backends.llamacpp.ending import cancellable
 from edgepilot.backends.llamacpp.logit_bias import with_logit_bias
 from edgepilot.backends.llamacpp.logprobs import LogprobRecorder, with_logprobs
+from edgepilot.backends.llamacpp.text_first import with_text_first
 
 
 def with_processors(params: dict[str, Any], llm: Any, cancel: threading.Event | None,
@@ -25,6 +26,7 @@ def with_processors(params: dict[str, Any], llm: Any, cancel: threading.Event | 
     cancels another way (the parallel engine ends a cancelled sequence itself)."""
     params, recorder = with_logprobs(dict(params), llm if recorded is None else recorded)
     params = with_logit_bias(params, int(llm.n_vocab()))
+    params = with_text_first(params, llm)  # before the recorder, as the bias
     params = cancellable(params, cancel, int(llm.token_eos()),
                          lambda tokens: bytes(llm.detokenize(tokens)))
     return params, recorder

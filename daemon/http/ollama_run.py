@@ -150,6 +150,13 @@ async def start(gen: Generator, name: str, kind: Literal["chat", "complete"], pr
     base = gen.adapter_in_name(name, dict(params))[0]  # "model:adapter" loads the model
     load_ns = await load_timed(gen, base, num_ctx)
     asked = time.perf_counter_ns()
+    if tools is not None:  # a call or text: one token tells, and text streams (tools.py)
+
+        async def whole(p: dict[str, Any]) -> Any:
+            return await gen.generate(name, kind, prompt, p)
+
+        if await tools.chooses_text(whole, params):
+            params, tools = tools.text_params(params), None
     items = await gen.generate(name, kind, prompt, params, stream=True)
     assert not isinstance(items, dict)
     return Run(name, kind, items, started, load_ns, asked, time.perf_counter_ns(), keep,

@@ -141,6 +141,13 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
                              choice, template,
                              parallel=not legacy and req.parallel_tool_calls is not False)
         params.update(tools.params)
+
+        async def whole(p: dict[str, Any]) -> Any:
+            return await gen.generate(req.model, "chat", tools.messages, p)
+
+        if await tools.chooses_text(whole, params):  # then streamed as any chat
+            return await _answer(request, req, "chat", [tools.messages],
+                                 tools.text_params(params))
         work = gen.generate(req.model, "chat", tools.messages, params)
         result = await (work if req.stream else unless_client_leaves(request, work))
         if isinstance(result, Response):  # the client left: nobody reads this

@@ -7,7 +7,9 @@ in a list (the form SmolLM2 and other small models were trained to call in), whi
 several calls (``parallel_tool_calls``, OpenAI's default, and Ollama's answers), or one.
 ``tool_choice`` ``"required"`` (or one named function) allows only a call; ``"auto"`` (and
 every Ollama request with tools) allows a call or a plain-text answer that does not start with
-``{``, ``[`` or ``"``; ``"none"`` leaves the tools out.
+``{``, ``[`` or ``"``: one token is generated under that grammar first, and a text answer is
+then generated without it, streamed as any chat (:meth:`ToolRequest.chooses_text`);
+``"none"`` leaves the tools out.
 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
 through its template, and the conversation's tool calls and tool results as they are. Any other
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +62,30 @@ class ToolRequest:
     names: list[str]
     messages: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
+    auto: bool = False  # a call or plain text, as the model chooses (see :meth:`text_params`)
 
     @property
     def active(self) -> bool:
         return bool(self.names)
+
+    def text_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` (a request's, with :attr:`params` in them) for the plain-text answer
+        the model chose under ``auto``: no grammar (under the grammar of a call or text,
+        every token of a text paid for it, 11x slower here, and none could stream), the
+        first token kept from opening a call (``text_first``: backends/llamacpp)."""
+        return {**{k: v for k, v in params.items() if k != "grammar"}, "text_first": True}
+
+    async def chooses_text(self, generate: Callable[[dict[str, Any]], Awaitable[Any]],
+                           params: dict[str, Any]) -> bool:
+        """Under ``auto``: whether the model's answer is plain text, from one token generated
+        under the grammar of both (its first character tells: a call opens ``{`` or ``[``).
+        ``generate`` runs the request's chat with the parameters it is given, whole."""
+        if not (self.active and self.auto):
+            return False
+        first = await generate({**params, "max_tokens": 1})
+        choice = (first.get("choices") or [{}])[0]
+        text = (choice.get("message") or {}).get("content") or ""
+        return bool(text) and not text.startswith(("{", "["))
 
     def parse(self, text: str) -> list[dict[str, Any]] | None:
         """The calls in a generated answer (OpenAI's shape, ``arguments`` a JSON string), or
@@ -215,4 +238,4 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
                               for n, s in declared])
         out, params = _generic_messages(messages, listing, auto), {}
     params["grammar"] = grammar_of(gbnf, "tools")
-    return ToolRequest([n for n, _ in declared], out, params)
+    return ToolRequest([n for n, _ in declared], out, params, auto=auto)
