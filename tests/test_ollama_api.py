@@ -468,6 +468,11 @@ def test_an_embedding_model_is_shown_as_one(client: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as err:
         client.embed(model="emb", input=long, truncate=False)
     assert err.value.status_code == 400 and "input" in err.value.error
+    # within the context but past the one batch an embedding is made in: n_ctx is no help
+    batch = "the edge board " * 200
+    with pytest.raises(ollama.ResponseError) as over:
+        client.embed(model="emb", input=batch, truncate=False)
+    assert "batch" in over.value.error and "raise n_ctx" not in over.value.error
 
 
 def test_curl_d_without_a_json_content_type_is_read_as_json(daemon: DaemonProcess) -> None:

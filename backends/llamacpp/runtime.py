@@ -319,6 +319,10 @@ def refused_as_bad_request(field: str) -> Iterator[None]:
     try:
         yield
     except ValueError as exc:
+        if "batch size" in str(exc):  # an embedding's tokens are one batch: n_ctx is no help
+            raise ContextOverflow(f"llama.cpp refused the request: {exc}; an input to embed is "
+                                  "one batch of at most that many tokens: shorten it, or let "
+                                  "it be cut to that (truncate: true)", field=field) from None
         over = "context window" in str(exc)
         kind = ContextOverflow if over else CommandError
         # llama.cpp's server words it so; litellm and others map that to a context error
