@@ -423,3 +423,28 @@ def test_a_text_answer_under_auto_tools_streams_and_a_call_is_still_a_call(
         model="smol", messages=question, tools=tools, stream=True,
         options={"temperature": 0, "num_predict": 30}) if c.message.content]
     assert len(parts) > 2 and "".join(parts)[0] not in '{["'
+
+
+def test_a_call_cut_by_max_tokens_is_still_a_call(oa: openai.OpenAI) -> None:
+    """A forced call cut off by max_tokens came back as its JSON fragment in ``content`` and
+    no ``tool_calls`` (LangChain's ``.tool_calls`` was empty); OpenAI answers the call with its
+    arguments as far as they went and ``finish_reason: "length"``."""
+    for stream in (False, True):
+        kwargs: dict[str, Any] = dict(
+            model="smol", messages=MESSAGES, tools=TOOLS, max_tokens=12, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "HassTurnOn"}})
+        if stream:
+            chunks = list(oa.chat.completions.create(stream=True, **kwargs))
+            calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices
+                      and c.choices[0].finish_reason]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert calls and calls[0].function and calls[0].function.name == "HassTurnOn"
+            assert finish == ["length"] and content == ""
+        else:
+            got = oa.chat.completions.create(**kwargs)
+            message = got.choices[0].message
+            assert got.choices[0].finish_reason == "length" and message.content is None
+            assert message.tool_calls and message.tool_calls[0].function.name == "HassTurnOn"
+            with pytest.raises(json.JSONDecodeError):  # cut: as far as it went
+                json.loads(message.tool_calls[0].function.arguments)

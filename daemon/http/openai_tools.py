@@ -17,7 +17,7 @@ from typing import Any
 
 from edgepilot.backends.llamacpp.grammar import schema_grammar
 from edgepilot.errors import CommandError
-from edgepilot.serving.tools import ToolRequest
+from edgepilot.serving.tools import ToolRequest, cut_call
 
 
 def response_format_params(fmt: dict[str, Any] | None) -> dict[str, Any]:
@@ -121,6 +121,12 @@ def with_tool_calls(result: dict[str, Any], tools: ToolRequest) -> dict[str, Any
         message["content"] = None
         message["tool_calls"] = calls
         choice["finish_reason"] = "tool_calls"
+    elif choice.get("finish_reason") == "length" and (
+            cut := cut_call(message.get("content") or "", tools.names)) is not None:
+        # a call cut by max_tokens is still the call, its arguments as far as they went
+        # (OpenAI's answer); its JSON fragment was the answer's text
+        message["content"] = None
+        message["tool_calls"] = [cut]
     return result
 
 

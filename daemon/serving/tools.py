@@ -22,6 +22,7 @@ calls are written back as that JSON and tool results become user messages
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -110,6 +111,20 @@ class ToolRequest:
                  "function": {"name": c["name"],
                               "arguments": json.dumps(c.get("arguments") or {})}}
                 for c in unique.values()]
+
+
+_NAME = re.compile(r'^\s*\[?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*(?:,\s*"arguments"\s*:\s*)?')
+
+
+def cut_call(text: str, names: list[str]) -> dict[str, Any] | None:
+    """A call cut off by ``max_tokens`` after its tool's name, as OpenAI answers one: its
+    ``arguments`` the JSON text written so far (with ``finish_reason: "length"``, the caller's);
+    None when the text is no call or ends before the name."""
+    m = _NAME.match(text)
+    if m is None or m.group(1) not in names:
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": m.group(1), "arguments": text[m.end():]}}
 
 
 def _complete_items(text: str) -> list[Any]:
