@@ -9,9 +9,7 @@ process to be seen (the contention meter read 0). A plan timed in one of those w
 lost to the other target for as long as it was served. So such a plan holds both sessions and
 checks the choice live: now and then the other one takes two calls (the first wakes it, the
 second is timed; no more than :data:`EXPLORE_SHARE` of the time), each session's time is
-smoothed (a session's first call, which sets up its arena, is not timed: taken as its pace,
-the two-thread session lost every race to a one-thread one 25% slower), and the faster
-beyond :data:`SWITCH_BELOW` serves. The cost is that share of the
+smoothed, and the faster beyond :data:`SWITCH_BELOW` serves. The cost is that share of the
 time on the slower session, and the second session's memory.
 """
 
@@ -35,9 +33,6 @@ EXPLORE_SHARE = 0.01
 # the other session serves once its time is under this share of the serving one's
 SWITCH_BELOW = 0.95
 ALPHA = 0.3  # weight of a new timing in a session's smoothed time
-# and never more than this many calls apart: a timing taken in a bad spell is not kept for
-# thousands of calls
-MAX_SPACING = 256
 
 
 class ThreadRace(Executable):
@@ -70,8 +65,6 @@ class ThreadRace(Executable):
             self._turn -= 1
             if self._turn:  # the untimed call that wakes it
                 return out
-        elif self.calls == 1:
-            return out  # a session's first call sets up its arena: no timing of it
         prev = self.ewma[k]
         self.ewma[k] = ms if prev is None else ALPHA * ms + (1 - ALPHA) * prev
         mine, other = self.ewma[self.serving], self.ewma[1 - self.serving]
@@ -86,7 +79,7 @@ class ThreadRace(Executable):
         mine, other = self.ewma[self.serving], self.ewma[1 - self.serving]
         if not mine or not other:
             return EXPLORE_EVERY
-        return min(MAX_SPACING, max(EXPLORE_EVERY, int(2 * other / (mine * EXPLORE_SHARE))))
+        return max(EXPLORE_EVERY, int(2 * other / (mine * EXPLORE_SHARE)))
 
     @property
     def serving_target(self) -> str:
