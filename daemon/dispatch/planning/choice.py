@@ -216,9 +216,6 @@ def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, B
 
 # the sibling's whole model timed within this factor of the target's: a race worth running
 RACE_WITHIN = 2.0
-# a whole model under this (ms) is not raced: its thread pool's wake-up dwarfs the model (a
-# 0.1 ms VAD's two-thread session: 2-10x its one-thread time, every time, not a window's)
-RACE_MIN_MS = 1.0
 # a model whose session holds more than this is served on one (a second copy would not fit
 # the boards' budgets as a matter of course)
 RACE_MAX_BYTES = 256 << 20
@@ -228,8 +225,7 @@ _SIBLINGS = {"cpu": "cpu-1t", "cpu-1t": "cpu"}
 def race_sibling(builder: CostBuilder, target: str) -> str | None:
     """The target a whole model on ``target`` races (:mod:`.thread_race`): its onnxruntime
     CPU sibling of the other thread count, same precision, profiled within tolerance and
-    within :data:`RACE_WITHIN` of it, not excluded, for a model over :data:`RACE_MIN_MS`;
-    None when there is none."""
+    within :data:`RACE_WITHIN` of it, not excluded; None when there is none."""
     t = Target.parse(target)
     if t.backend != "onnxruntime" or t.device not in _SIBLINGS:
         return None
@@ -239,7 +235,7 @@ def race_sibling(builder: CostBuilder, target: str) -> str | None:
     if sibling not in builder.profile.targets or sibling in builder.excluded \
             or whole.get(sibling) is None or whole.get(target) is None \
             or errors.get(sibling, 0.0) > builder.tolerance \
-            or whole[sibling] > RACE_WITHIN * whole[target] or whole[target] < RACE_MIN_MS:
+            or whole[sibling] > RACE_WITHIN * whole[target]:
         return None
     return sibling
 
