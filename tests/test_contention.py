@@ -78,22 +78,21 @@ def test_a_contended_side_by_side_is_made_again_and_says_so() -> None:
 
 
 def test_whole_models_timed_under_load_widen_the_rivals() -> None:
-    """A target timed while a build took a core read 1.45x another, past RIVAL_WITHIN, and was
-    never timed side by side again (a two-thread session served 0.69x on the quiet board).
-    Whole models timed under load make every target within CONTENDED_WITHIN a rival."""
-    whole = {FP32: 3.6, INT8: 1.45 * 3.6, ONE: 1.1 * 3.6}
+    """A two-thread session timed while a build took a core read 1.45x the one-thread one,
+    past RIVAL_WITHIN, and was never timed side by side again: it served 0.69x on the quiet
+    board. Whole models timed under load make every target within CONTENDED_WITHIN a rival."""
+    whole = {ONE: 3.6, FP32: 1.45 * 3.6, INT8: 1.1 * 3.6}
     assert RIVAL_WITHIN < 1.45 < CONTENDED_WITHIN
 
     def builder(contention: float) -> Any:
-        # (the one-thread sibling over tolerance: not served beside it, see thread_race.py)
-        extra = {"whole_ms": whole, "whole_error": {ONE: 0.2}, "whole_twins": {},
+        extra = {"whole_ms": whole, "whole_error": {INT8: 0.2}, "whole_twins": {},
                  "whole_contention": contention}
         return SimpleNamespace(profile=SimpleNamespace(extra=extra, targets=list(whole)),
                                excluded=set(), tolerance=0.05)
 
-    plan = SimpleNamespace(segments=[(FP32, 0, 4)])
-    assert rivals(builder(0.0), plan) == []          # one thread over tolerance, int8 far
-    assert rivals(builder(CONTENDED + 0.3), plan) == [INT8]
+    plan = SimpleNamespace(segments=[(ONE, 0, 4)])
+    assert rivals(builder(0.0), plan) == []          # int8 over tolerance, fp32 far
+    assert rivals(builder(CONTENDED + 0.3), plan) == [FP32]
 
 
 def test_a_contended_verdict_is_timed_again_not_served_from_the_profile() -> None:

@@ -9,9 +9,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from edgepilot.backends.base import Backend, Executable, Segment, Target
+from edgepilot.backends.base import Backend, Executable, Target
 from edgepilot.dispatch.execution.executor import CompiledPlan, CompiledSegment
-from edgepilot.dispatch.execution.thread_race import ThreadRace
 from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.graph.signature import signature_of
 from edgepilot.dispatch.measuring.hops import hop_kind
@@ -206,48 +205,7 @@ def compile_plan(part: Partition, builder: CostBuilder, backends: Mapping[str, B
         else:
             raise PlanError(f"backend {t.backend!r} is not loaded; loaded: "
                             f"{', '.join(backends)}", field="targets")
-        if (s, e) == (0, len(part.layers)) and (sibling := race_sibling(builder, target)):
-            exe = with_sibling(exe, seg, Target.parse(sibling), backends)
         segs.append(CompiledSegment(target, s, e, seg, exe, pred))
     if spare is not None:
         spare.close()
     return CompiledPlan(segs, part.outputs)
-
-
-# the sibling's whole model timed within this factor of the target's: a race worth running
-RACE_WITHIN = 2.0
-# a model whose session holds more than this is served on one (a second copy would not fit
-# the boards' budgets as a matter of course)
-RACE_MAX_BYTES = 256 << 20
-_SIBLINGS = {"cpu": "cpu-1t", "cpu-1t": "cpu"}
-
-
-def race_sibling(builder: CostBuilder, target: str) -> str | None:
-    """The target a whole model on ``target`` races (:mod:`.thread_race`): its onnxruntime
-    CPU sibling of the other thread count, same precision, profiled within tolerance and
-    within :data:`RACE_WITHIN` of it, not excluded; None when there is none."""
-    t = Target.parse(target)
-    if t.backend != "onnxruntime" or t.device not in _SIBLINGS:
-        return None
-    sibling = str(Target(t.backend, _SIBLINGS[t.device], t.precision))
-    whole = builder.profile.extra.get("whole_ms", {})
-    errors = builder.profile.extra.get("whole_error", {})
-    if sibling not in builder.profile.targets or sibling in builder.excluded \
-            or whole.get(sibling) is None or whole.get(target) is None \
-            or errors.get(sibling, 0.0) > builder.tolerance \
-            or whole[sibling] > RACE_WITHIN * whole[target]:
-        return None
-    return sibling
-
-
-def with_sibling(exe: Executable, seg: Segment, sibling: Target,
-                 backends: Mapping[str, Backend]) -> Executable:
-    """``exe`` racing a session of ``seg`` on ``sibling`` (``exe`` alone when that one does not
-    build or the two would hold over :data:`RACE_MAX_BYTES`)."""
-    if exe.memory_bytes > RACE_MAX_BYTES:
-        return exe
-    try:
-        other = backends[sibling.backend].compile(seg, sibling)
-    except EdgepilotError:
-        return exe
-    return ThreadRace([exe, other])

@@ -27,7 +27,7 @@ from edgepilot.dispatch.graph.partition import Partition
 from edgepilot.dispatch.measuring.contention import CONTENDED, OtherLoad
 from edgepilot.dispatch.measuring.measure import Progress
 from edgepilot.dispatch.measuring.timing import burst_ms
-from edgepilot.dispatch.planning.choice import describe, race_sibling
+from edgepilot.dispatch.planning.choice import describe
 from edgepilot.dispatch.planning.plan import CostBuilder, Plan, segments_of
 from edgepilot.errors import EdgepilotError
 
@@ -126,7 +126,7 @@ def _side_by_side(plan: Runner, single: Runner, feed: dict[str, np.ndarray], mar
                    meter.share())
 
 
-def rival(builder: CostBuilder, plan: Plan, skip: str | None = None) -> str | None:
+def rival(builder: CostBuilder, plan: Plan) -> str | None:
     """For a one-target plan: the fastest other whole-model target within tolerance whose
     profile timing came within :data:`RIVAL_WITHIN` of the chosen one's (None: no such).
 
@@ -143,8 +143,8 @@ def rival(builder: CostBuilder, plan: Plan, skip: str | None = None) -> str | No
         return None
     same = {own, twins.get(own)} | {t for t, of in twins.items() if of == own}
     close = [t for t in builder.profile.targets if t not in same and t in whole
-             and t != skip and t not in builder.excluded
-             and errors.get(t, 0.0) <= builder.tolerance and whole[t] <= RIVAL_WITHIN * mine]
+             and t not in builder.excluded and errors.get(t, 0.0) <= builder.tolerance
+             and whole[t] <= RIVAL_WITHIN * mine]
     return min(close, key=lambda t: whole[t]) if close else None
 
 
@@ -171,14 +171,12 @@ def rivals(builder: CostBuilder, plan: Plan) -> list[str]:
             if whole[best] <= LIGHT_MS or contended else [best]
     own = plan.segments[0][0]
     mine = whole.get(own)
-    # the other thread count of its target serves beside it, chosen live (thread_race.py)
-    raced = race_sibling(builder, own)
     if mine is not None and contended:
-        return [t for t in _others(builder, own, mine, within) if t != raced]
+        return _others(builder, own, mine, within)
     if mine is None or mine > LIGHT_MS:
-        close = rival(builder, plan, skip=raced)
+        close = rival(builder, plan)
         return [close] if close is not None else []
-    return [t for t in _others(builder, own, mine, within) if t != raced]
+    return _others(builder, own, mine, within)
 
 
 def _others(builder: CostBuilder, own: str, mine: float, within: float) -> list[str]:
