@@ -263,16 +263,18 @@ def test_a_shape_tensor_of_no_elements_is_a_constant_not_a_layer_input() -> None
 
 def test_open_dims_run_at_placeholder_shapes_say_which_and_how_to_set_them(
         tmp_path: Path) -> None:
-    """A TFLite file whose every input dim is open allocates 1x1, where its convolution does
-    not prepare: ``plan`` without shapes exits 2 in one line naming the input, the shape it ran
-    at and ``--input-shape``; with the shape it is fed, it plans and runs (the interpreter is
-    allocated at the first call's shapes, as a user of the raw runtime resizes first)."""
+    """A TFLite file whose every input dim is open allocates 1x1, a placeholder (its
+    convolution does not even prepare there): ``plan`` without shapes exits 2 in one line
+    naming the input, the dim, what the file allocates and ``--input-shape``, before running
+    anything; with the shape it is fed, it plans and runs (the interpreter is allocated at the
+    first call's shapes, as a user of the raw runtime resizes first)."""
     model = by_name("oww-melspectrogram")
     res = cli(tmp_path, "plan", str(model.path))
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert "'serving_default_input:0' [?, ?] as 1x1" in lines[0]
+    assert "'serving_default_input:0' dim 1 is dynamic [?, ?]" in lines[0]
+    assert "allocates 1 there" in lines[0]
     assert "--input-shape" in lines[0] and model.path.name in lines[0]
     res = cli(tmp_path, "plan", str(model.path), *model.shape_args(), "--json")
     assert res.returncode == 0, res.stderr
