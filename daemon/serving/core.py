@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -222,7 +223,8 @@ class Serving:
             return outputs, ran
         # the monitor is cheap; a drift replan is not (seconds: compiles, a side by side): it
         # runs in a worker thread after this answer, not before it (a 6 ms request took 3.8 s)
-        self.executor.submit(md.observe, compiled, times).add_done_callback(_failed_observe)
+        with contextlib.suppress(RuntimeError):  # (shut down: a stop, nothing left to watch)
+            self.executor.submit(md.observe, compiled, times).add_done_callback(_failed_observe)
         return outputs, plan.hash
 
     async def _segments(self, name: str, compiled: CompiledPlan, inputs: Tensors,
