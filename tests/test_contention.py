@@ -15,9 +15,11 @@ from other_load import burners
 
 from edgepilot.dispatch.measuring.contention import CONTENDED, OtherLoad
 from edgepilot.dispatch.planning.versus import (
+    CLOSE,
     CONTENDED_TRIES,
     CONTENDED_WITHIN,
     RIVAL_WITHIN,
+    VERDICT_FRESH_S,
     keep_verdict,
     prior_verdict,
     rivals,
@@ -119,3 +121,20 @@ def test_no_try_again_past_the_planning_budget() -> None:
     with burners():
         v = versus(run, run, {}, 0.05, deadline=time.monotonic() + 0.1)
     assert v.contention > CONTENDED and v.tries == 1
+
+
+def test_a_near_tie_is_timed_again_once_it_is_old_a_clear_verdict_stands() -> None:
+    """ppocr-det's two thread counts were 3% apart when planned and 26% apart fifteen minutes
+    later, and the plan from the cache served the slower: a close verdict says only which was
+    faster then. Within VERDICT_FRESH_S (a crash loop, a test's restart) it stands."""
+    seg = [[ONE, 0, 4]]
+    t = 1_000_000.0
+    tie = {"segments": seg, "target": FP32, "kept": "plan", "ratio": 1.03, "at": t}
+    clear = {"segments": seg, "target": INT8, "kept": "plan", "ratio": 1.6, "at": t}
+    verdicts = [tie, clear]
+    assert prior_verdict(verdicts, seg, FP32, now=t + 5) is tie
+    assert prior_verdict(verdicts, seg, FP32, now=t + VERDICT_FRESH_S + 1) is None
+    assert abs(tie["ratio"] - 1) <= CLOSE < abs(clear["ratio"] - 1)
+    assert prior_verdict(verdicts, seg, INT8, now=t + 10 * VERDICT_FRESH_S) is clear
+    undated = {"segments": seg, "target": FP32, "kept": "single", "ratio": 0.95}
+    assert prior_verdict([undated], seg, FP32, now=t) is None  # kept before verdicts were dated

@@ -61,6 +61,12 @@ RETRY_MAX_S = 1.5
 # whole models timed while other work ran: every target within this factor of the chosen one's
 # is a rival (a two-thread session read 1.45x the one-thread one under a build, 0.69x quiet)
 CONTENDED_WITHIN = 2.0
+# a kept verdict that came within CLOSE of a tie is timed again once it is older than
+# VERDICT_FRESH_S (s): two thread counts of one runtime 3% apart when planned read 26% apart
+# fifteen minutes later on a quiet 2-vCPU board, and the plan loaded from the cache served the
+# slower one; a restart within the minute (a crash loop, a test) still serves what was decided
+CLOSE = 0.15
+VERDICT_FRESH_S = 120.0
 
 
 @dataclass
@@ -268,7 +274,7 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     plan.versus_single = record
     builder.profile.extra["versus"] = {**record, "segments": segments}
     if prior is None:
-        keep_verdict(verdicts, {**record, "segments": segments})
+        keep_verdict(verdicts, {**record, "segments": segments, "at": round(time.time())})
     if v.keep_plan:
         exe.close()
         return None
@@ -286,14 +292,19 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     return out, single
 
 
-def prior_verdict(verdicts: list[dict[str, Any]], segments: list[list[Any]], target: str
-                  ) -> dict[str, Any] | None:
+def prior_verdict(verdicts: list[dict[str, Any]], segments: list[list[Any]], target: str,
+                  now: float | None = None) -> dict[str, Any] | None:
     """The verdict kept on this pairing (plan ``segments`` against ``target`` whole), unless
-    other work took over :data:`CONTENDED` of the CPUs while it was timed: that one is timed
-    again rather than served for as long as the profile lives."""
+    other work took over :data:`CONTENDED` of the CPUs while it was timed, or it was a near
+    tie (within :data:`CLOSE`) timed over :data:`VERDICT_FRESH_S` ago (``now``:
+    ``time.time()``): those are timed again rather than served for as long as the profile
+    lives. A clear verdict stands; a close one says only which was faster then."""
+    now = time.time() if now is None else now
     return next((r for r in verdicts if r.get("segments") == segments
                  and r.get("target") == target
-                 and r.get("contention", 0.0) <= CONTENDED), None)
+                 and r.get("contention", 0.0) <= CONTENDED
+                 and not (abs(float(r.get("ratio", 0.0)) - 1.0) <= CLOSE
+                          and now - float(r.get("at", 0.0)) > VERDICT_FRESH_S)), None)
 
 
 def keep_verdict(verdicts: list[dict[str, Any]], record: dict[str, Any]) -> None:
@@ -312,6 +323,5 @@ def lost_before(builder: CostBuilder, targets: list[str], current: list[str]) ->
     if len(set(current)) != 1 or targets == current:
         return False
     segments = [[seg["target"], *seg["layers"]] for seg in segments_of(targets)]
-    return any(r.get("segments") == segments and r.get("target") == current[0]
-               and r.get("kept") == "single"
-               for r in builder.profile.extra.get("versus_all", []))
+    prior = prior_verdict(builder.profile.extra.get("versus_all", []), segments, current[0])
+    return prior is not None and prior.get("kept") == "single"
