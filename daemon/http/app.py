@@ -23,6 +23,7 @@ from edgepilot.http import (
     openai,
     plan,
     profile,
+    responses,
     telemetry,
 )
 from edgepilot.http.api import HttpApi
@@ -108,8 +109,8 @@ def validation_body(errs: Any) -> dict[str, Any]:
 # schemas document the API); a prompt of 2 MiB is already far past any context, and parsing
 # it stalls the loop for tens of milliseconds at most. Tensor bodies are parsed off the loop.
 GENERATION_MAX_BODY = 2 * 1024 * 1024
-GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
-                     "/api/embed", "/api/embeddings", "/v1/embeddings")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/api/chat",
+                     "/api/generate", "/api/embed", "/api/embeddings", "/v1/embeddings")
 
 
 class BodyLimit:
@@ -228,7 +229,8 @@ def create_app(api: HttpApi) -> FastAPI:
         # over MQTT and on the routes that validate their own bodies (OpenAI answers 400 too)
         return http_error(400, validation_body(exc.errors()), path=request.url.path)
 
-    for module in (health, commands, profile, telemetry, config, openai, ollama, infer, plan):
+    for module in (health, commands, profile, telemetry, config, openai, responses, ollama,
+                   infer, plan):
         app.include_router(module.router)
     app.add_middleware(FormAsJson)
     app.add_middleware(BodyLimit, limit=api.config().http.max_body_bytes)

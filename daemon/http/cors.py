@@ -17,8 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 LOCAL_ORIGINS = (r"^(https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0)(:\d+)?"
                  r"|(app|file|tauri|vscode-webview|vscode-file)://.*)$")
-LLM_ROUTES = ("/api/", "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-              "/v1/models")
+LLM_ROUTES = ("/api/", "/v1/chat/completions", "/v1/completions", "/v1/responses",
+              "/v1/embeddings", "/v1/models")
 
 
 class LlmCors:
