@@ -205,3 +205,57 @@ def test_chat_call_chunks_become_one_function_call_item_per_call() -> None:
         [("call_a", "f", "{\"x\": 1}"), ("call_b", "g", "{}")]
     assert done["usage"]["input_tokens"] == 3 and done["usage"]["output_tokens"] == 4
     assert [e["sequence_number"] for e in got] == list(range(len(got)))
+
+
+def test_the_openai_agents_sdk_runs_a_tool_streams_and_parses(daemon: DaemonProcess) -> None:
+    """The Agents SDK, unmodified, on its default Responses model: its tool runs on the call
+    the daemon made, a streamed run ends with text, an output_type is parsed from the schema
+    grammar's JSON."""
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"The weather in {city} is sunny."
+
+    class Weather(BaseModel):
+        city: str = Field(max_length=20)
+        sunny: bool
+
+    async def main() -> tuple[Any, Any, Any]:
+        client = openai.AsyncOpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
+        model = OpenAIResponsesModel(model="smol", openai_client=client)
+        tool_agent = Agent(name="w", instructions="Use the tool.", model=model,
+                           tools=[get_weather], tool_use_behavior="stop_on_first_tool",
+                           model_settings=ModelSettings(tool_choice="required", temperature=0,
+                                                        max_tokens=60))
+        first = await Runner.run(tool_agent, "What's the weather in Paris?", max_turns=2)
+        # room to end on its own: cut by max_tokens, the SDK raises on response.incomplete
+        streamed = Runner.run_streamed(Agent(
+            name="s", instructions="Answer briefly.", model=model,
+            model_settings=ModelSettings(max_tokens=200, temperature=0)), "Say hi")
+        async for _ in streamed.stream_events():
+            pass
+        typed = await Runner.run(Agent(name="t", instructions="Extract.", model=model,
+                                       output_type=Weather, model_settings=ModelSettings(
+                                           temperature=0, max_tokens=60)),
+                                 "Paris is sunny today.")
+        return first, streamed, typed
+
+    first, streamed, typed = asyncio.run(main())
+    assert len(ran) == 1 and first.final_output == f"The weather in {ran[0]} is sunny."
+    assert isinstance(streamed.final_output, str)
+    assert isinstance(typed.final_output, Weather)
