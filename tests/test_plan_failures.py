@@ -215,6 +215,11 @@ def test_the_daemon_answers_422_for_an_unrunnable_model_and_keeps_serving(
         assert "'output_probability' is a sequence of maps" in err["error"]["message"]
         code, listed = d.request("GET", "/v1/models", timeout=30)  # the listing still answers
         assert code == 200, listed
+        # and says why a model does not load, as the request did
+        broken = {m["id"]: m.get("error", "") for m in listed["data"]}
+        assert "truncated.tflite" in broken["truncated"], broken
+        code, one = d.request("GET", "/v1/models/attention", timeout=30)
+        assert code == 200 and "Landmarks2TransformMatrix" in one["error"], one
         feed = {"input_1": np.random.default_rng(0).uniform(0, 1, (1, 64, 64, 3))
                 .astype(np.float32)}
         code, ok = d.request("POST", "/v1/infer/iris", encode(feed), timeout=120)
@@ -384,3 +389,72 @@ def test_a_target_failing_every_layer_and_the_whole_model_alike_is_one_exclusion
     assert exclusions(rows, other) == [
         {"layers": [0, 3], "target": "a/int8", "reason": why},
         {"layers": [0, 3], "target": "a/fp32", "reason": "out of memory"}]
+
+
+def test_an_output_that_is_a_constant_at_the_planned_shapes_plans_whole(tmp_path: Path) -> None:
+    """NeMo's MarbleNet VAD outputs ``signal_len``, a length computed from constants that
+    shape inference folds once the shapes are fixed: no operator of the layers makes it, and
+    planning its 8 layers died with KeyError. It is planned whole, its output the file's."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    rng = np.random.default_rng(0)
+    nodes, inits, cur = [], [], "audio"
+    for i in range(8):
+        inits.append(numpy_helper.from_array(
+            (rng.standard_normal((64, 64)) * 0.1).astype(np.float32), f"w{i}"))
+        nodes += [h.make_node("MatMul", [cur, f"w{i}"], [f"m{i}"]),
+                  h.make_node("Relu", [f"m{i}"], [f"r{i}" if i < 7 else "y"])]
+        cur = f"r{i}"
+    nodes += [h.make_node("Cast", ["n"], ["c"], to=TensorProto.INT32),
+              h.make_node("Sub", ["c", "k"], ["signal_len"])]
+    inits += [h.make_tensor("n", TensorProto.INT64, [1], [160]),
+              h.make_tensor("k", TensorProto.INT32, [1], [2])]
+    graph = h.make_graph(nodes, "const_out", [h.make_tensor_value_info(
+        "audio", TensorProto.FLOAT, [1, 64])], [
+        h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]),
+        h.make_tensor_value_info("signal_len", TensorProto.INT32, [1])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "const_out.onnx"
+    onnx.save(model, path)
+    res = cli(tmp_path, "plan", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    assert len(plan["segments"]) == 1 and plan["error"] == 0, plan
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(path, models / "c.onnx")
+    d = DaemonProcess(tmp_path, CONFIG + f'[daemon]\nmodel_dir = "{models}"\n',
+                      extra_args=["--model-dir", str(models)]).start(timeout=120)
+    try:
+        feed = {"audio": rng.standard_normal((1, 64)).astype(np.float32)}
+        code, got = d.request("POST", "/v1/infer/c", encode(feed), timeout=120)
+        assert code == 200, got
+        assert got["outputs"]["signal_len"]["data"] == [158]
+    finally:
+        d.stop()
+
+
+def test_external_data_cut_short_is_told_so_not_blamed_on_the_shapes(tmp_path: Path) -> None:
+    """A copy whose external data file was cut short failed at the shapes given for its open
+    dims, and the hint blamed those shapes; it says the file is shorter than the model says."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "ext",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])], [w])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "ext.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="ext.data",
+              size_threshold=0)
+    data = (tmp_path / "ext.data").read_bytes()
+    (tmp_path / "ext.data").write_bytes(data[: len(data) // 2])
+    res = cli(tmp_path, "plan", str(path), "--input-shape", "x=1x64", "--json")
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip()
+    assert "\n" not in line and "ext.onnx" in line and "shorter than the model says" in line
+    assert "shapes given" not in line

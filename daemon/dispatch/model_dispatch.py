@@ -210,7 +210,8 @@ class ModelDispatch:
                        for i, t in enumerate(plan.targets) if t != ref]
             if err <= PLAN_MARGIN * self.opts.tolerance or not movable:
                 break
-            what = f"error {err:.4f} over tolerance {self.opts.tolerance}: layer {max(movable)[1]}"
+            what = (f"error {err:.4f} over {PLAN_MARGIN} x tolerance {self.opts.tolerance}: "
+                    f"layer {max(movable)[1]}")
             log.info("plan for %s: %s moves to %s", self.name, what, ref)
             if self.progress:  # a stopping daemon cancels here too
                 self.progress(0, 0, f"{what} back to the reference")

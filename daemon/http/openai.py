@@ -68,7 +68,9 @@ async def list_models(request: Request) -> dict[str, Any]:
         gen.executor, _templates, gen, [m["name"] for m in listing if m.get("kind") == "gguf"])
     data = [{"id": m["name"], "object": "model", "created": created, "owned_by": "edgepilot",
              "kind": m.get("kind"), "loaded": m["loaded"], "worker_pid": m.get("worker_pid"),
-             **({"chat_template": templates[m["name"]]} if m["name"] in templates else {})}
+             **({"chat_template": templates[m["name"]]} if m["name"] in templates else {}),
+             # why a model does not load (a missing or broken file): what a POST would say
+             **({"error": m["error"]} if m.get("error") else {})}
             for m in listing]
     return {"object": "list", "data": data}
 

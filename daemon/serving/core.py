@@ -33,6 +33,7 @@ from edgepilot.errors import (
     CommandError,
     DeadlineExceeded,
     InputRejected,
+    ModelError,
     NotFoundError,
     PlanError,
 )
@@ -120,7 +121,11 @@ class Serving:
         if timeout_s is not None and timeout_s <= 0:
             raise CommandError("timeout must be positive", field="timeout_ms")
         model = model or self.tensor_model(name)
-        specs = await self.input_specs(model)
+        try:
+            specs = await self.input_specs(model)
+        except ModelError as exc:  # the file itself: what /v1/models says of it too
+            self.registry.errors[name] = exc.message
+            raise
         check_inputs(specs, inputs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         req = self.work.begin(name)
@@ -130,9 +135,12 @@ class Serving:
                 outputs, plan = await batcher.submit(inputs, deadline)
             else:
                 outputs, plan = await self.run(model, inputs, deadline)
-        except BaseException:  # cancelled too: the request must stop counting as busy
+        except BaseException as exc:  # cancelled too: the request must stop counting as busy
             self.work.end(req, ok=False)
+            if isinstance(exc, ModelError):
+                self.registry.errors[name] = exc.message
             raise
+        self.registry.errors.pop(name, None)
         done = time.monotonic()
         energy = self.work.end(req, plan=plan, now=done)
         return InferResult(outputs, plan, round((done - arrived) * 1000, 3), energy)

@@ -372,6 +372,15 @@ def partition(path: Path, kind: ModelKind | None = None, *,
         raise PlanError(f"{path.name} has no operators (its outputs are its inputs or "
                         "constants): nothing to plan; the daemon serves the file as it is",
                         field="model")
+    made = {t for n in nodes for t in n.outputs}
+    constant = [o for o in outs if o not in made and o not in ins]
+    if constant and max_layers > 1:
+        # an output no operator makes (a length computed from input shapes, folded into a
+        # constant once the shapes are fixed: NeMo's MarbleNet ``signal_len``) is produced by
+        # the whole file only, which no segment but the whole model is
+        log.info("%s: output %r is a constant at these shapes: planned whole", path.name,
+                 constant[0])
+        max_layers = 1
     layers = build_layers(nodes, ins, outs, sizes, min_layer_flops, max_layers)
     return Partition(path, kind, digest, tuple(ins), tuple(outs), layers,
                      list(nodes), sizes, dict(shapes or {}), graph_path,

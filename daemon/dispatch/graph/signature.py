@@ -39,7 +39,10 @@ def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     except ValueError:
         raise PlanError(f"--input-shape {text!r}: dims must be positive integers joined by "
                         "'x', e.g. 1x3x320x320", field="input_shape") from None
-    check_dims(name, shape, "input_shape")
+    try:
+        check_dims(name, shape, "input_shape")
+    except PlanError as exc:
+        raise PlanError(f"--input-shape {text!r}: {exc.message}", field="input_shape") from None
     return name, shape
 
 
@@ -211,8 +214,16 @@ def failure_hint(exc: UnrunnableModel, path: Path, specs: Sequence[TensorSpec], 
     ``generated()`` (where real samples go); nothing after an operator the runtime lacks."""
     if operators_lacking(exc.message):
         return ""
+    if any(phrase in exc.message for phrase in DAMAGED):
+        # no shape changes a file cut short: a hint about shapes sent operators hunting
+        return ("; the file (or its external data file beside it) is shorter than the model "
+                "says: copy it again")
     return (open_dims_hint(path, specs, shapes) or given_dims_hint(path, specs, shapes)) + (
         generated() if exc.ran else "")
+
+
+# what onnxruntime says of a model whose external data file is cut short or missing
+DAMAGED = ("exceeds available data", "External data length", "external data file")
 
 
 def operators_lacking(message: str) -> bool:
