@@ -259,3 +259,37 @@ def test_the_openai_agents_sdk_runs_a_tool_streams_and_parses(daemon: DaemonProc
     assert len(ran) == 1 and first.final_output == f"The weather in {ran[0]} is sunny."
     assert isinstance(streamed.final_output, str)
     assert isinstance(typed.final_output, Weather)
+
+
+def test_items_become_the_chat_conversation_they_stand_for() -> None:
+    """Calls of one turn join one assistant message (after its text), outputs answer them as
+    tool messages, a reasoning item is skipped, and what says nothing is not sent on."""
+    from edgepilot.http.responses_models import ResponsesRequest
+
+    req = ResponsesRequest.model_validate({
+        "model": "m", "instructions": "Be brief.", "tool_choice": "auto", "max_tool_calls": 1,
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "Lights?"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+             "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+            {"type": "function_call", "call_id": "c1", "name": "a", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "b", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "on"},
+            {"type": "function_call_output", "call_id": "c2",
+             "output": [{"type": "input_text", "text": "of"}, {"type": "input_text",
+                                                              "text": "f"}]}]})
+    body = req.chat_body()
+    assert "tool_choice" not in body and "tools" not in body
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "tool"]
+    turn = body["messages"][2]
+    assert turn["content"] == [{"type": "text", "text": "Checking."}]
+    assert [c["id"] for c in turn["tool_calls"]] == ["c1", "c2"]
+    assert body["messages"][4]["content"] == "off"
+    with_tools = ResponsesRequest.model_validate({
+        "model": "m", "input": "x", "max_tool_calls": 1,
+        "tools": [{"type": "function", "name": "a", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": []}}).chat_body()
+    assert with_tools["tool_choice"] == "required"
+    assert with_tools["parallel_tool_calls"] is False  # max_tool_calls 1: one call at most

@@ -113,7 +113,9 @@ class ResponsesRequest(BaseModel):
             body["top_logprobs"] = self.top_logprobs or 0
         if self.tools:
             body["tools"] = [_tool(t, i) for i, t in enumerate(self.tools)]
-        if self.tool_choice is not None:
+        # "auto" or "none" without tools says nothing (agent frameworks send it always)
+        if self.tool_choice is not None and (self.tools or self.tool_choice not in ("auto",
+                                                                                  "none")):
             body["tool_choice"] = _tool_choice(self.tool_choice)
         if self.parallel_tool_calls is not None or self.max_tool_calls == 1:
             body["parallel_tool_calls"] = bool(self.parallel_tool_calls) \
