@@ -448,3 +448,64 @@ def test_a_call_cut_by_max_tokens_is_still_a_call(oa: openai.OpenAI) -> None:
             assert message.tool_calls and message.tool_calls[0].function.name == "HassTurnOn"
             with pytest.raises(json.JSONDecodeError):  # cut: as far as it went
                 json.loads(message.tool_calls[0].function.arguments)
+
+
+class Review(BaseModel):
+    """Bounds and an ``Any`` field as pydantic writes them: the converter left ``minimum`` and
+    ``maximum`` out (a rating bounded 1-5 came back 2022) and refused ``{"title": "Note"}``."""
+
+    city: str = Field(max_length=20)
+    stars: int = Field(ge=1, le=5)
+    year: int = Field(ge=1990, le=2030)
+    price: float = Field(ge=0)
+    note: Any = None
+
+
+def test_numeric_bounds_and_untyped_fields_constrain_the_answer(oa: openai.OpenAI) -> None:
+    got = oa.chat.completions.parse(
+        model="smol", messages=[{"role": "user", "content": "Review Paris as JSON."}],
+        response_format=Review, temperature=0, max_tokens=80)
+    review = got.choices[0].message.parsed
+    assert review is not None  # the SDK validated it: the bounds held
+    assert 1 <= review.stars <= 5 and 1990 <= review.year <= 2030 and review.price >= 0
+    # a tool's bounded argument, as pydantic-ai and the Agents SDK declare it
+    rate = {"type": "function", "function": {"name": "rate", "parameters": {
+        "type": "object", "required": ["stars", "extra"], "additionalProperties": False,
+        "properties": {"stars": {"type": "integer", "minimum": 1, "maximum": 5},
+                       "extra": {"title": "Extra"}}}}}
+    called = oa.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Rate the movie 123 stars."}],
+        tools=[rate], tool_choice="required", max_tokens=60, temperature=0)
+    calls = called.choices[0].message.tool_calls
+    assert calls is not None
+    args = json.loads(calls[0].function.arguments)
+    assert 1 <= args["stars"] <= 5 and "extra" in args
+
+
+class City(BaseModel):
+    name: str = Field(max_length=20)
+    country: str = Field(max_length=20)
+
+
+def test_an_answer_schema_holds_beside_tools_under_auto(oa: openai.OpenAI,
+                                                        daemon: DaemonProcess) -> None:
+    """An agent with tools and an output type sends both: the answer was free text (the
+    tools' grammar replaced the schema's), and every such agent run failed on invalid JSON.
+    Under auto the answer is now a call or JSON valid against the schema."""
+    tools = [_tool("HassTurnOn", "Turns on")]
+    question = [{"role": "user", "content": "Paris is in France. Describe the city."}]
+    schema = City.model_json_schema()
+    got = oa.chat.completions.create(
+        model="smol", messages=question, tools=tools, temperature=0, max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "City",
+                                                                "schema": schema}})
+    message = got.choices[0].message
+    # the model chooses to answer (its first token is text under the call-or-text grammar),
+    # and the answer it writes is the schema's JSON (it was "Paris is in France.")
+    assert not message.tool_calls and got.choices[0].finish_reason == "stop", message
+    assert City.model_validate_json(message.content or "").country
+    client = ollama.Client(host=daemon.url)
+    answer = client.chat(model="smol", messages=question, tools=tools, format=schema,
+                         options={"temperature": 0, "num_predict": 60})
+    if not answer.message.tool_calls:
+        jsonschema.validate(json.loads(answer.message.content or ""), schema)

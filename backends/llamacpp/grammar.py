@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 
+from edgepilot.backends.llamacpp.bounds import converter
 from edgepilot.backends.llamacpp.patterns import safe_patterns
 from edgepilot.backends.llamacpp.runtime import import_llama_cpp
 from edgepilot.errors import CommandError
@@ -58,7 +59,7 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
     for a recursive model) or that refers to itself is converted as a definition of its own
     (:func:`hoisted`) when it fails as it is."""
     check_schema(schema, field)
-    schema = _no_empty_items(safe_patterns(schema, field))
+    schema = _untyped_as_any(_no_empty_items(safe_patterns(schema, field)))
     try:
         gbnf = _convert(schema)
     except _CONVERTER_ERRORS as exc:
@@ -102,12 +103,47 @@ def _no_empty_items(schema: Any) -> Any:
     return schema
 
 
+# any JSON value: what a nested schema of no keywords but annotations allows (pydantic writes
+# ``{"title": "Value"}`` for an ``Any`` field); the converter refused it ("Unrecognized
+# schema") and read ``{}`` as an object only
+ANY_VALUE: dict[str, Any] = {"type": ["string", "number", "boolean", "object", "array", "null"]}
+_ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "deprecated",
+                "readOnly", "writeOnly"}
+_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then",
+        "else")
+_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def _untyped_as_any(schema: Any, nested: bool = False) -> Any:
+    """``schema`` with each nested schema of annotations only (or none) as :data:`ANY_VALUE`,
+    walking schema positions only (a property named "title" is a name, not an annotation)."""
+    if not isinstance(schema, dict):
+        return schema
+    if nested and set(schema) <= _ANNOTATIONS:
+        return dict(ANY_VALUE)
+    out = dict(schema)
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _untyped_as_any(out[key], True)
+    for key in _LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_untyped_as_any(v, True) for v in out[key]]
+    for key in _MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {n: _untyped_as_any(v, True) for n, v in out[key].items()}
+    return out
+
+
 _CONVERTER_ERRORS = (ValueError, KeyError, TypeError, AttributeError, NotImplementedError,
                      RecursionError, AssertionError)
 
 
 def _convert(schema: dict[str, Any]) -> str:
-    return str(import_llama_cpp().llama_grammar.json_schema_to_gbnf(json.dumps(schema)))
+    """llama-cpp-python's ``json_schema_to_gbnf``, with numeric bounds (bounds.py)."""
+    conv = converter()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    conv.visit(conv.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
+    return str(conv.format_grammar())
 
 
 def _cannot(field: str, exc: BaseException) -> CommandError:

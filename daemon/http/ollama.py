@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from edgepilot import __version__
 from edgepilot.backends.base import GenerativeExecutable
-from edgepilot.backends.llamacpp.grammar import schema_grammar
+from edgepilot.backends.llamacpp.grammar import ANY_OBJECT, schema_grammar
 from edgepilot.errors import CommandError, ContextOverflow, NotFoundError
 from edgepilot.http.api import api_of
 from edgepilot.http.bodies import parse_json
@@ -208,7 +208,9 @@ async def chat(request: Request) -> Any:
             gen.executor, chat_template_of, gen.registry,
             gen.adapter_in_name(name, {})[0])
         # Ollama has no tool_choice: the model calls a tool or answers in text
-        tools = tool_request(messages, declared, "auto", template)
+        tools = tool_request(messages, declared, "auto", template, answer=ANY_OBJECT
+                             if body.format == "json" else body.format
+                             if isinstance(body.format, dict) else None)
         messages = tools.messages
         params.update(tools.params)
     return await _answer(request, gen, (name, "chat", messages, params, keep, started, tools),

@@ -44,6 +44,7 @@ from edgepilot.http.openai_tools import (
     completion_logprobs,
     logprob_params,
     response_format_params,
+    response_format_schema,
     tool_choice_needs_tools,
     whole_as_chunks,
     with_tool_calls,
@@ -141,7 +142,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
             else req.tool_choice
         tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],
                              choice, template,
-                             parallel=not legacy and req.parallel_tool_calls is not False)
+                             parallel=not legacy and req.parallel_tool_calls is not False,
+                             answer=response_format_schema(req.response_format))
         params.update(tools.params)
 
         async def whole(p: dict[str, Any]) -> Any:

@@ -15,7 +15,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from edgepilot.backends.llamacpp.grammar import schema_grammar
+from edgepilot.backends.llamacpp.grammar import ANY_OBJECT, schema_grammar
 from edgepilot.errors import CommandError
 from edgepilot.serving.tools import ToolRequest, cut_call
 
@@ -37,6 +37,17 @@ def response_format_params(fmt: dict[str, Any] | None) -> dict[str, Any]:
         return {"grammar": schema_grammar(spec["schema"], "response_format.json_schema.schema")}
     raise CommandError(f"response_format.type {kind!r} is not allowed; allowed \"text\", "
                        "\"json_object\", \"json_schema\"", field="response_format.type")
+
+
+def response_format_schema(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The schema a text answer follows under ``response_format`` (None: free text); a call
+    under ``tools`` is the other choice (:func:`edgepilot.serving.tools.tool_request`)."""
+    kind = (fmt or {}).get("type")
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind == "json_schema":
+        return dict(fmt["json_schema"]["schema"])  # type: ignore[index]
+    return None
 
 
 def check_messages(messages: list[dict[str, Any]]) -> None:

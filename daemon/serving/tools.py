@@ -64,6 +64,13 @@ class ToolRequest:
     messages: list[dict[str, Any]]
     params: dict[str, Any] = field(default_factory=dict)
     auto: bool = False  # a call or plain text, as the model chooses (see :meth:`text_params`)
+    # under auto with an answer schema (response_format, format): the grammar the first token
+    # is chosen under (a call or text, as without one), and the answer's own grammar for a
+    # text choice: the model still chooses between calling and answering, and its answer
+    # follows the schema (under the call-or-answer grammar alone, a small model prompted with
+    # tools wrote a call every time)
+    probe: Any = None
+    answer: Any = None
 
     @property
     def active(self) -> bool:
@@ -73,7 +80,10 @@ class ToolRequest:
         """``params`` (a request's, with :attr:`params` in them) for the plain-text answer
         the model chose under ``auto``: no grammar (under the grammar of a call or text,
         every token of a text paid for it, 11x slower here, and none could stream), the
-        first token kept from opening a call (``text_first``: backends/llamacpp)."""
+        first token kept from opening a call (``text_first``: backends/llamacpp). With an
+        answer schema, the answer is generated under its grammar instead."""
+        if self.answer is not None:
+            return {**params, "grammar": self.answer}
         return {**{k: v for k, v in params.items() if k != "grammar"}, "text_first": True}
 
     async def chooses_text(self, generate: Callable[[dict[str, Any]], Awaitable[Any]],
@@ -83,7 +93,8 @@ class ToolRequest:
         ``generate`` runs the request's chat with the parameters it is given, whole."""
         if not (self.active and self.auto):
             return False
-        first = await generate({**params, "max_tokens": 1})
+        first = await generate({**params, "max_tokens": 1,
+                                **({"grammar": self.probe} if self.probe is not None else {})})
         choice = (first.get("choices") or [{}])[0]
         text = (choice.get("message") or {}).get("content") or ""
         return bool(text) and not text.startswith(("{", "["))
@@ -192,11 +203,14 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
 
 def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  tool_choice: str | dict[str, Any] | None, template: str | None,
-                 field: str = "tools", parallel: bool = True) -> ToolRequest:
+                 field: str = "tools", parallel: bool = True,
+                 answer: dict[str, Any] | None = None) -> ToolRequest:
     """Messages and grammar for a chat with ``tools`` (OpenAI's shapes); CommandError naming
     the field for a malformed tool, a bad schema or a ``tool_choice`` naming no tool.
     ``parallel``: a list may hold several calls (OpenAI's ``parallel_tool_calls``, its
-    default; Ollama's answers too), else one."""
+    default; Ollama's answers too), else one. ``answer``: the schema a text answer must
+    follow (``response_format``, Ollama's ``format``): under ``auto`` the answer is a call or
+    JSON valid against it (an agent with tools and an output type), never free text."""
     if not tools or tool_choice == "none":
         return ToolRequest([], messages)
     declared = [_schema(t, i, field) for i, t in enumerate(tools)]
@@ -236,6 +250,8 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     # means a call, and under "auto" that first character is its choice, so a list must not
     # fall to the text branch
     more = ' ("," space call)*' if parallel else ""
+    structured = _call_or_answer(dict(call), answer, parallel, field) \
+        if auto and answer is not None else None
     gbnf = schema_gbnf(call, field).replace("root ::=", "call ::=", 1) \
         + f'\nroot ::= call | "[" space call{more} "]" space'
     # or text that does not start a JSON object, list or string: a model that opens a string
@@ -252,5 +268,24 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         listing = json.dumps([{"name": n, "description": about.get(n) or "", "parameters": s}
                               for n, s in declared])
         out, params = _generic_messages(messages, listing, auto), {}
-    params["grammar"] = grammar_of(gbnf, "tools")
-    return ToolRequest([n for n, _ in declared], out, params, auto=auto)
+    if structured is None:
+        params["grammar"] = grammar_of(gbnf, "tools")
+        return ToolRequest([n for n, _ in declared], out, params, auto=auto)
+    assert answer is not None
+    params["grammar"] = grammar_of(structured, "tools")  # a JSON first token: call or answer
+    return ToolRequest([n for n, _ in declared], out, params, auto=auto,
+                       probe=grammar_of(gbnf, "tools"),
+                       answer=grammar_of(schema_gbnf(answer, field), field))
+
+
+def _call_or_answer(call: dict[str, Any], answer: dict[str, Any], parallel: bool,
+                    field: str) -> str:
+    """One grammar for a call, a list of calls, or JSON valid against ``answer``: one schema
+    (each part under its own ``$defs`` name), so one converter names every rule once."""
+    defs = dict(call.pop("$defs", {}))
+    defs["edgepilot-call"] = call
+    defs.update(hoisted(answer, "edgepilot-answer"))
+    calls = {"type": "array", "items": {"$ref": "#/$defs/edgepilot-call"}, "minItems": 1,
+             **({} if parallel else {"maxItems": 1})}
+    return schema_gbnf({"anyOf": [{"$ref": "#/$defs/edgepilot-call"}, calls,
+                                  {"$ref": "#/$defs/edgepilot-answer"}], "$defs": defs}, field)
