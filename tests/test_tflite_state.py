@@ -46,7 +46,9 @@ def test_a_model_with_variable_tensors_runs_whole_from_a_fresh_state(tmp_path: P
     assert isinstance(md, ModelDispatch)
     md.prepare()  # checked and timed: dozens of invokes of the plan's interpreter
     plan = md.explain()
-    assert len(plan["segments"]) == 1 and plan["error"] == 0.0, plan
+    # whole, from a fresh state: the reference's outputs up to the kernels' rounding (the
+    # builtin kernels and XNNPACK time within microseconds here, either may serve)
+    assert len(plan["segments"]) == 1 and plan["error"] <= 1e-5, plan
     assert md.compiled is not None
     got = [md.compiled.run({"input": x})[0]["output"] for _ in range(2)]
     np.testing.assert_allclose(got[0], first, rtol=1e-5, atol=1e-6)
