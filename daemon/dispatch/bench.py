@@ -15,7 +15,10 @@ median over rounds of each variant's time divided by the plan's time in the same
 picked on the odd rounds and the plan's paired ratio against it taken on the even ones
 (:func:`held_out_best`).
 
-Each variant is compiled ``compiles`` times and round ``r`` runs compile ``r % compiles``: two
+Each variant is compiled ``compiles`` times and round ``r`` runs compile ``(r // 2) % compiles``
+(odd and even rounds alike see every compile: with ``r % compiles`` the even rounds, which
+score the plan against the best single, ran only the first compile of each, and a plan that
+is one target's whole model lost 5% to that very target in two runs running): two
 sessions of the very same bytes can sit a few percent apart for as long as they live (where
 their buffers landed, which cores their pools woke on), and a plan that is one target's whole
 model is exactly such a pair with that target. Rotating fresh compiles averages that offset out
@@ -225,7 +228,8 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
             if name in crawl and rounds > CRAWL_ROUNDS:
                 continue
             fns = pool[name]
-            ms, spent = _burst(fns[rounds % len(fns)], feed, 1 if name in slow else calls[name],
+            ms, spent = _burst(fns[(rounds // 2) % len(fns)], feed,
+                               1 if name in slow else calls[name],
                                name in slow, calls_ms[name], cpu_ms[name])
             times[name][rounds] = ms
             timed_s[name] += spent
