@@ -112,3 +112,16 @@ def test_a_light_pair_gets_every_round_and_its_untimed_calls() -> None:
     # (sized from the first call: a 2 ms sleep can take 6 ms on a loaded machine, so the
     # lower bound asks only for a burst of several timed calls, not for the ten of a quiet one)
     assert 1 + 2 <= per_burst <= 1 + int(BURST_MS / 2.0)
+
+
+def test_a_rival_whole_model_replaces_the_choice_beyond_noise_and_two_percent() -> None:
+    """speech-embedding's cached plan kept cpu-1t while cpu ran 6% faster in the bench: the 5%
+    split margin let a whole-model rival 4-6% faster lose. Whole against whole, the noise of
+    the rounds and 2% decide."""
+    from edgepilot.dispatch.planning.versus import SWAP_MARGIN, rival_wins
+
+    assert SWAP_MARGIN == 0.02
+    assert rival_wins(0.96, 0.01, 0.05)        # 4% faster, quiet rounds: it replaces
+    assert not rival_wins(0.985, 0.01, 0.05)   # within 2%: the choice stands
+    assert not rival_wins(0.96, 0.05, 0.05)    # within the rounds' noise: stands
+    assert rival_wins(0.995, 0.0, 0.0) and not rival_wins(1.0, 0.0, 0.0)  # margin 0: any win
