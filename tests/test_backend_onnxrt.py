@@ -195,6 +195,7 @@ def _pinned_threads() -> int:
     return pinned
 
 
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_cpu_sessions_pin_no_worker_to_a_core(backend: OnnxRuntimeBackend, mlp: Path) -> None:
     """Left at its default count, onnxruntime pins every session's workers to cores 1..n-1;
     a caller the kernel then placed on core 1 shared it with its own worker: a 2-thread
