@@ -39,7 +39,7 @@ from edgepilot.backends.base import (
     Target,
     TensorSpec,
 )
-from edgepilot.backends.onnxrt_options import OnnxRuntimeSection
+from edgepilot.backends.onnxrt_options import OnnxRuntimeSection, default_threads
 from edgepilot.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -295,9 +295,13 @@ class OnnxRuntimeBackend(Backend):
         ort = self._ort
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        threads = 1 if device == SINGLE_THREAD else self.settings.intra_op_threads
-        if threads:
-            opts.intra_op_num_threads = threads
+        # always an explicit count: left at 0, onnxruntime pins each session's workers to
+        # cores 1..n-1, every session to the same ones, and a caller the kernel placed on
+        # core 1 then shares it with its own worker (a 2-core board: 19.5 ms where 15.0,
+        # a 30% loss that came and went between windows); counted, none is pinned
+        threads = 1 if device == SINGLE_THREAD else \
+            self.settings.intra_op_threads or default_threads()
+        opts.intra_op_num_threads = threads
         opts.log_severity_level = 4  # its errors reach us as exceptions, not on stderr too
         if not self.settings.allow_spinning:
             # idle workers otherwise spin for work: with several sessions in one process (the

@@ -180,6 +180,11 @@ def test_under_other_work_a_drift_is_put_on_the_device_as_far_as_the_load_explai
     with burners():  # one busy process per CPU
         for _ in range(8):
             md.run(feed)
+            if md.plan is not None and str(HOOKED) not in md.plan.targets:
+                # moved: what fp32 shows from here on under the burners is its own slowing
+                # (a two-thread pool waits on whichever worker the load descheduled: 13x seen
+                # here), a drift of its own, not the load-explained scaling asserted below
+                break
     factors = md.builder.factors
     # the whole device slowed by what the load explains, the drifted target by all it showed
     assert 1.0 < factors[str(fp32)] <= MAX_LOAD_SLOWDOWN < factors[str(HOOKED)]
