@@ -125,3 +125,24 @@ def test_a_rival_whole_model_replaces_the_choice_beyond_noise_and_two_percent() 
     assert not rival_wins(0.985, 0.01, 0.05)   # within 2%: the choice stands
     assert not rival_wins(0.96, 0.05, 0.05)    # within the rounds' noise: stands
     assert rival_wins(0.995, 0.0, 0.0) and not rival_wins(1.0, 0.0, 0.0)  # margin 0: any win
+
+
+def test_at_equal_speed_the_target_taking_less_cpu_serves() -> None:
+    """tashkeel's two-thread session tied the one-thread one side by side (x1.000) and kept
+    the plan; the bench then ran the one-thread one 5% faster. A rival that takes at most
+    three quarters of the CPU a run replaces the choice when it is at most 1% slower; a rival
+    taking as much CPU still has to win by the margin."""
+    from types import SimpleNamespace
+
+    from edgepilot.dispatch.planning.versus import TIE, cheaper, rival_wins
+
+    two, one = "onnxruntime/cpu/fp32", "onnxruntime/cpu-1t/fp32"
+    builder: Any = SimpleNamespace(profile=SimpleNamespace(
+        extra={"whole_cpu_ms": {two: 8.4, one: 4.3, "onnxruntime/cpu/int8": 8.0}}))
+    assert cheaper(builder, one, two) and not cheaper(builder, two, one)
+    assert not cheaper(builder, "onnxruntime/cpu/int8", two)     # as much CPU: no tie-break
+    assert not cheaper(builder, "tflite/xnnpack/fp32", two)      # never profiled: none
+    assert rival_wins(1.0, 0.003, 0.05, is_cheaper=True)         # a tie: the cheaper serves
+    assert rival_wins(1.0 + TIE, 0.0, 0.05, is_cheaper=True)
+    assert not rival_wins(1.03, 0.0, 0.05, is_cheaper=True)      # 3% slower: the choice stands
+    assert not rival_wins(1.0, 0.003, 0.05)                      # not cheaper: a tie stands
