@@ -53,7 +53,7 @@ def split_potential(md: ModelDispatch) -> dict[str, Any]:
 
 
 def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
-            reprofile: bool, compiles: int = 2) -> dict[str, Any]:
+            reprofile: bool, compiles: int = 4) -> dict[str, Any]:
     dispatcher = Dispatcher(config)
     shapes = {k: tuple(v) for k, v in model.input_shapes.items()} or None
     md = dispatcher.get(str(model.path), shapes)
@@ -116,7 +116,7 @@ def main() -> int:
     ap.add_argument("--state-dir", default=str(Path.home() / ".cache" / "edgepilot-bench"))
     ap.add_argument("--only", default="", help="comma-separated corpus names")
     ap.add_argument("--reprofile", action="store_true")
-    ap.add_argument("--compiles", type=int, default=2,
+    ap.add_argument("--compiles", type=int, default=4,
                     help="fresh compiles of each variant the rounds rotate through")
     args = ap.parse_args()
     only = {n for n in args.only.split(",") if n}

@@ -18,10 +18,10 @@ import pytest
 from real_models import CORPUS, RealModel, by_name
 
 from edgepilot.config import Config
-from edgepilot.dispatch.bench import raw_runner
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import ModelDispatch
+from edgepilot.dispatch.raw import raw_runner
 
 pytestmark = pytest.mark.slow
 HELD_OUT = CORPUS[CORPUS.index(by_name("selfie-segmentation")):]

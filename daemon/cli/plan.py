@@ -30,9 +30,9 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--runs", type=int, default=30, help="fewest timed rounds (default 30)")
     b.add_argument("--budget-s", type=float, default=0.3,
                    help="timed seconds every variant gets at least (default 0.3, 0..60)")
-    b.add_argument("--compiles", type=int, default=2,
+    b.add_argument("--compiles", type=int, default=4,
                    help="fresh compiles of each variant, rotated between rounds: averages out "
-                        "one session's offset (default 2, 1..8)")
+                        "one session's offset (default 4, fewer where memory is short; 1..8)")
     add_shape_flag(b)
     b.set_defaults(func=cmd_bench)
 

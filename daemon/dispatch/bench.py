@@ -22,7 +22,9 @@ is one target's whole model lost 5% to that very target in two runs running): tw
 sessions of the very same bytes can sit a few percent apart for as long as they live (where
 their buffers landed, which cores their pools woke on), and a plan that is one target's whole
 model is exactly such a pair with that target. Rotating fresh compiles averages that offset out
-of the ratio instead of reporting it as the plan's gain or loss. A variant over
+of the ratio instead of reporting it as the plan's gain or loss: four by default, as six
+sessions of one LSTM here sat up to 3% apart and two of each still let a plan that was one
+target's whole model read 0.948x that very target. A variant over
 ``CRAWL_FACTOR`` times slower than the plan (Arm NN's reference kernels: seconds a run) gets
 one compile and only ``CRAWL_ROUNDS`` rounds: its verdict is plain and its runs would be most
 of the bench's time.
@@ -33,7 +35,6 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,9 +46,9 @@ from edgepilot.dispatch.measuring.contention import OtherLoad
 from edgepilot.dispatch.measuring.tolerance import output_error
 from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.dispatch.planning.choice import compile_plan
+from edgepilot.dispatch.raw import Runner, raw_runner, raw_runtime
 from edgepilot.errors import EdgepilotError
 
-Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 # fewest timed calls per burst, the wall time a burst aims at, the run time above which a
 # burst skips its untimed call, and the most rounds a bench runs
 BURST = 3
@@ -57,65 +58,6 @@ MAX_ROUNDS = 400
 # a variant this many times slower than the plan is timed in the first CRAWL_ROUNDS rounds only
 CRAWL_FACTOR = 20.0
 CRAWL_ROUNDS = 3
-
-
-def raw_runner(md: ModelDispatch) -> Runner:
-    """The runtime on the whole file with its default settings, bypassing edgepilot (and
-    resized to the plan's input shapes where the file's own differ)."""
-    path = md.path
-    if path.suffix.lower() == ".onnx":
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3  # warnings (shape merges, unused initializers) are noise here
-        backend = md.backends.get("onnxruntime")
-        if not getattr(getattr(backend, "settings", None), "allow_spinning", False):
-            # the same thread policy as edgepilot's sessions: in one process, a spinning
-            # session's idle workers slow every other session down (seen here 2x), so an
-            # in-process comparison with different policies measures the spinning, not us
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = ort.InferenceSession(str(path), sess_options=opts, providers=_raw_providers(md))
-        names = [o.name for o in sess.get_outputs()]
-
-        def run_onnx(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return dict(zip(names, sess.run(names, feed), strict=True))
-
-        return run_onnx
-    from ai_edge_litert.interpreter import Interpreter
-
-    from edgepilot.backends.tflite import first_xnnpack
-
-    with first_xnnpack():
-        interp = Interpreter(model_path=str(path))
-        for d in interp.get_input_details():
-            shape = (md.shapes or {}).get(d["name"])
-            if shape is not None and tuple(shape) != tuple(int(x) for x in d["shape"]):
-                interp.resize_tensor_input(d["index"], list(shape), strict=False)
-        interp.allocate_tensors()
-    ins = {d["name"]: d["index"] for d in interp.get_input_details()}
-    outs = {d["name"]: d["index"] for d in interp.get_output_details()}
-
-    def run_tflite(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name, idx in ins.items():
-            interp.set_tensor(idx, feed[name])
-        interp.invoke()
-        return {name: interp.get_tensor(idx).copy() for name, idx in outs.items()}
-
-    return run_tflite
-
-
-def _raw_providers(md: ModelDispatch) -> list[str]:
-    # on a GPU machine its user runs the GPU: CUDA where it loads here, else the CPU
-    backend = md.backends.get("onnxruntime")
-    user_providers = getattr(backend, "user_providers", None)
-    return list(user_providers()) if user_providers else ["CPUExecutionProvider"]
-
-
-def raw_runtime(md: ModelDispatch) -> str:
-    """What :func:`raw_runner` runs the file on, for the bench JSON."""
-    if md.path.suffix.lower() == ".onnx":
-        return "onnxruntime " + ", ".join(_raw_providers(md))
-    return "LiteRT interpreter (XNNPACK delegate)"
 
 
 def plan_runner(md: ModelDispatch) -> Runner:
@@ -140,7 +82,7 @@ def _compile_whole(md: ModelDispatch, target: str) -> Runner:
 
 
 def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
-          budget_s: float = 0.3, compiles: int = 2) -> dict[str, Any]:
+          budget_s: float = 0.3, compiles: int = 4) -> dict[str, Any]:
     """The bench JSON (`edgepilot bench --json`) for a prepared (or preparable) model.
 
     ``runs`` is the fewest rounds, ``budget_s`` the timed seconds every variant gets at least,
