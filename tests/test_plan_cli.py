@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from edgepilot.formats import onnx_gen
 
 PLAN_KEYS = {"model", "hash", "predicted_ms", "measured_ms", "layers"}
@@ -69,7 +71,13 @@ def test_plan_and_bench_cli(tmp_path: Path) -> None:
     data = json.loads(bench.stdout)
     # three fresh compiles of every variant, rotated: every round ran one of them
     assert set(data["compiles"].values()) == {3} and data["runs"] >= 3
-    assert set(data["plan"]) >= {"median_ms", "predicted_ms", "targets", "error"}
+    assert set(data["plan"]) >= {"median_ms", "predicted_ms", "targets", "error", "alone_ms"}
+    # the prediction is of the plan run alone; the interleaved median is reported beside it
+    plan_row = data["plan"]
+    assert data["predicted_vs_measured"] == pytest.approx(
+        plan_row["predicted_ms"] / plan_row["alone_ms"], abs=2e-3)
+    assert data["predicted_vs_interleaved"] == pytest.approx(
+        plan_row["predicted_ms"] / plan_row["median_ms"], abs=2e-3)
     assert set(data["single"]) == {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8",
                                    "onnxruntime/cpu/int4", "onnxruntime/cpu-1t/fp32"}
     for row in data["single"].values():
@@ -138,3 +146,27 @@ def test_bench_keeps_fewer_rotated_compiles_when_they_would_not_fit() -> None:
     assert compiles_that_fit(65 * mb, 7, 2, 2560 * mb) == 1
     assert compiles_that_fit(65 * mb, 7, 4, 16 << 30) == 4
     assert compiles_that_fit(500 * mb, 7, 2, 1 << 30) == 1  # never none
+
+
+def test_the_plan_alone_is_timed_on_every_compile_for_its_budget() -> None:
+    """The plan's solo timing (what the prediction is compared with) calls every rotated
+    compile after an untimed call, for its share of the budget and never fewer than BURST."""
+    import time
+
+    from edgepilot.dispatch.bench import BURST, solo_ms
+
+    calls: list[int] = []
+
+    def sleeper(k: int, s: float) -> Any:
+        def run(feed: dict[str, Any]) -> dict[str, Any]:
+            calls.append(k)
+            time.sleep(s)
+            return {}
+        return run
+
+    ms = solo_ms([sleeper(0, 0.001), sleeper(1, 0.003)], {}, budget_s=0.0)
+    assert calls == [0] * (1 + BURST) + [1] * (1 + BURST)   # the untimed call, then BURST
+    assert 1.0 <= ms < 10.0                                  # median of 1 ms and 3 ms calls
+    calls.clear()
+    solo_ms([sleeper(0, 0.0005)], {}, budget_s=0.05)
+    assert len(calls) > 1 + BURST                            # the budget, not the floor

@@ -130,7 +130,7 @@ def test_a_rival_whole_model_replaces_the_choice_beyond_noise_and_two_percent() 
 def test_at_equal_speed_the_target_taking_less_cpu_serves() -> None:
     """tashkeel's two-thread session tied the one-thread one side by side (x1.000) and kept
     the plan; the bench then ran the one-thread one 5% faster. A rival that takes at most
-    three quarters of the CPU a run replaces the choice when it is at most 1% slower; a rival
+    four fifths of the CPU a run replaces the choice when it is at most 1% slower; a rival
     taking as much CPU still has to win by the margin."""
     from types import SimpleNamespace
 
