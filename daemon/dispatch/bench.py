@@ -24,7 +24,9 @@ their buffers landed, which cores their pools woke on), and a plan that is one t
 model is exactly such a pair with that target. Rotating fresh compiles averages that offset out
 of the ratio instead of reporting it as the plan's gain or loss: four by default, as six
 sessions of one LSTM here sat up to 3% apart and two of each still let a plan that was one
-target's whole model read 0.948x that very target. A variant over
+target's whole model read 0.948x that very target. The compiles are made round-robin across
+variants: sessions made one after another sit alike, and a variant whose compiles all came
+from one stretch carried that stretch's offset. A variant over
 ``CRAWL_FACTOR`` times slower than the plan (Arm NN's reference kernels: seconds a run) gets
 one compile and only ``CRAWL_ROUNDS`` rounds: its verdict is plain and its runs would be most
 of the bench's time.
@@ -135,16 +137,23 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     asked = compiles
     compiles = compiles_that_fit(md.path.stat().st_size, len(pool) - len(crawl), compiles,
                                  psutil.virtual_memory().available)
-    for name, fns in pool.items():
-        if name in crawl:
-            continue
-        for _ in range(max(1, compiles) - 1):
+    # round-robin, one more of every variant at a time: sessions made one after another sit
+    # alike (a plan's four compiles, made first, ran 0.605 ms where the same target's four,
+    # made next, ran 0.615-0.652: the 0.95 of a plan against its own target); interleaved,
+    # the two sets read 0.603 and 0.606
+    for _ in range(max(1, compiles) - 1):
+        for name, fns in pool.items():
+            if name in crawl:
+                continue
             fn = plan_runner(md) if name == "plan" else raw_runner(md) if name == "raw" \
                 else _compile_whole(md, name)
             # a rotated compile that computed something else would time a different model
             errors[name] = max(errors[name], output_error(fn(md.calibration[0]),
                                                           md.ref_outputs[0], md.opts.metric))
             fns.append(fn)
+    for name, fns in pool.items():
+        if name in crawl:
+            continue
         for _ in range(max(0, warmup - 1)):
             for fn in fns:
                 t0 = time.perf_counter()
