@@ -504,3 +504,21 @@ def test_an_answer_schema_holds_beside_tools_under_auto(oa: openai.OpenAI,
                          options={"temperature": 0, "num_predict": 60})
     if not answer.message.tool_calls:
         jsonschema.validate(json.loads(answer.message.content or ""), schema)
+
+
+def test_a_bad_answer_schema_beside_tools_names_its_own_field() -> None:
+    """With tools and an answer schema, an error in the answer schema named ``tools`` (the
+    field its grammar was built under): it names where the schema came from."""
+    from edgepilot.errors import CommandError
+    from edgepilot.serving.tools import tool_request
+
+    messages = [{"role": "user", "content": "hi"}]
+    tools = [_tool("HassTurnOn", "Turns on")]
+    bad = {"type": "object", "properties": {"w": {"type": "string", "pattern": r"\bword\b"}}}
+    for field in ("response_format.json_schema.schema", "format"):
+        with pytest.raises(CommandError) as err:
+            tool_request(messages, tools, "auto", None, answer=bad, answer_field=field)
+        assert err.value.field == field
+    fine = tool_request(messages, tools, "auto", None, answer={"type": "object"},
+                        answer_field="format")
+    assert fine.answer is not None and fine.probe is not None

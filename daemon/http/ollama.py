@@ -210,7 +210,7 @@ async def chat(request: Request) -> Any:
         # Ollama has no tool_choice: the model calls a tool or answers in text
         tools = tool_request(messages, declared, "auto", template, answer=ANY_OBJECT
                              if body.format == "json" else body.format
-                             if isinstance(body.format, dict) else None)
+                             if isinstance(body.format, dict) else None, answer_field="format")
         messages = tools.messages
         params.update(tools.params)
     return await _answer(request, gen, (name, "chat", messages, params, keep, started, tools),

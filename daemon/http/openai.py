@@ -43,6 +43,7 @@ from edgepilot.http.openai_tools import (
     check_messages,
     completion_logprobs,
     logprob_params,
+    response_format_field,
     response_format_params,
     response_format_schema,
     tool_choice_needs_tools,
@@ -143,7 +144,8 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         tools = tool_request(messages, [t.model_dump(exclude_none=True) for t in req.tools],
                              choice, template,
                              parallel=not legacy and req.parallel_tool_calls is not False,
-                             answer=response_format_schema(req.response_format))
+                             answer=response_format_schema(req.response_format),
+                             answer_field=response_format_field(req.response_format))
         params.update(tools.params)
 
         async def whole(p: dict[str, Any]) -> Any:

@@ -50,6 +50,12 @@ def response_format_schema(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
+def response_format_field(fmt: dict[str, Any] | None) -> str:
+    """The field an error in :func:`response_format_schema`'s schema names."""
+    return "response_format.json_schema.schema" \
+        if (fmt or {}).get("type") == "json_schema" else "response_format"
+
+
 def check_messages(messages: list[dict[str, Any]]) -> None:
     """What OpenAI refuses in a conversation (CommandError naming ``messages.<i>.<field>``):
     a system/user message without content, an assistant message with neither content nor

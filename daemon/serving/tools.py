@@ -204,13 +204,15 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
 def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  tool_choice: str | dict[str, Any] | None, template: str | None,
                  field: str = "tools", parallel: bool = True,
-                 answer: dict[str, Any] | None = None) -> ToolRequest:
+                 answer: dict[str, Any] | None = None,
+                 answer_field: str = "response_format") -> ToolRequest:
     """Messages and grammar for a chat with ``tools`` (OpenAI's shapes); CommandError naming
     the field for a malformed tool, a bad schema or a ``tool_choice`` naming no tool.
     ``parallel``: a list may hold several calls (OpenAI's ``parallel_tool_calls``, its
     default; Ollama's answers too), else one. ``answer``: the schema a text answer must
     follow (``response_format``, Ollama's ``format``): under ``auto`` the answer is a call or
-    JSON valid against it (an agent with tools and an output type), never free text."""
+    JSON valid against it (an agent with tools and an output type), never free text;
+    ``answer_field`` is the request field that schema came from, named by its errors."""
     if not tools or tool_choice == "none":
         return ToolRequest([], messages)
     declared = [_schema(t, i, field) for i, t in enumerate(tools)]
@@ -219,6 +221,7 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         raise CommandError("tool names must be unique", field=field)
     for i, (_, schema) in enumerate(declared):
         schema_gbnf(schema, f"{field}.{i}.function.parameters")  # each checked on its own
+    answer_gbnf = None if answer is None else schema_gbnf(answer, answer_field)
     auto = tool_choice in (None, "auto")
     if isinstance(tool_choice, dict):
         wanted = (tool_choice.get("function") or {}).get("name")
@@ -271,11 +274,11 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     if structured is None:
         params["grammar"] = grammar_of(gbnf, "tools")
         return ToolRequest([n for n, _ in declared], out, params, auto=auto)
-    assert answer is not None
+    assert answer_gbnf is not None
     params["grammar"] = grammar_of(structured, "tools")  # a JSON first token: call or answer
     return ToolRequest([n for n, _ in declared], out, params, auto=auto,
                        probe=grammar_of(gbnf, "tools"),
-                       answer=grammar_of(schema_gbnf(answer, field), field))
+                       answer=grammar_of(answer_gbnf, answer_field))
 
 
 def _call_or_answer(call: dict[str, Any], answer: dict[str, Any], parallel: bool,
