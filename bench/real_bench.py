@@ -53,7 +53,7 @@ def split_potential(md: ModelDispatch) -> dict[str, Any]:
 
 
 def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
-            reprofile: bool, compiles: int = 4) -> dict[str, Any]:
+            reprofile: bool, compiles: int | None = None) -> dict[str, Any]:
     dispatcher = Dispatcher(config)
     shapes = {k: tuple(v) for k, v in model.input_shapes.items()} or None
     md = dispatcher.get(str(model.path), shapes)
@@ -116,8 +116,9 @@ def main() -> int:
     ap.add_argument("--state-dir", default=str(Path.home() / ".cache" / "edgepilot-bench"))
     ap.add_argument("--only", default="", help="comma-separated corpus names")
     ap.add_argument("--reprofile", action="store_true")
-    ap.add_argument("--compiles", type=int, default=4,
-                    help="fresh compiles of each variant the rounds rotate through")
+    ap.add_argument("--compiles", type=int, default=None,
+                    help="fresh compiles of each variant the rounds rotate through "
+                         "(default: the bench's, 4 or 8 for a light plan)")
     args = ap.parse_args()
     only = {n for n in args.only.split(",") if n}
     config = Config.model_validate({"daemon": {"state_dir": args.state_dir,

@@ -135,6 +135,9 @@ def test_bench_times_a_target_compiled_to_another_ones_bytes_once(tmp_path: Path
     assert data["skipped"]["onnxruntime/cpu/int4"] == \
         "the same compiled model as onnxruntime/cpu/fp32"
     assert {"onnxruntime/cpu/fp32", "onnxruntime/cpu/int8"} <= set(data["single"])
+    # no --compiles: a plan this light (well under 1 ms a call) rotates 8 compiles of each
+    assert data["plan"]["median_ms"] < 1.0
+    assert set(data["compiles"].values()) == {8}
 
 
 def test_bench_keeps_fewer_rotated_compiles_when_they_would_not_fit() -> None:

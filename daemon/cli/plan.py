@@ -30,9 +30,10 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--runs", type=int, default=30, help="fewest timed rounds (default 30)")
     b.add_argument("--budget-s", type=float, default=0.3,
                    help="timed seconds every variant gets at least (default 0.3, 0..60)")
-    b.add_argument("--compiles", type=int, default=4,
+    b.add_argument("--compiles", type=int, default=None,
                    help="fresh compiles of each variant, rotated between rounds: averages out "
-                        "one session's offset (default 4, fewer where memory is short; 1..8)")
+                        "one session's offset (default 4, 8 for a plan under 1 ms a call; "
+                        "fewer where memory is short; 1..8)")
     add_shape_flag(b)
     b.set_defaults(func=cmd_bench)
 
@@ -191,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(f"--runs {args.runs}: allowed 1..10000", field="runs")
     if not 0 <= args.budget_s <= 60:
         raise ConfigError(f"--budget-s {args.budget_s}: allowed 0..60", field="budget_s")
-    if not 1 <= args.compiles <= 8:
+    if args.compiles is not None and not 1 <= args.compiles <= 8:
         raise ConfigError(f"--compiles {args.compiles}: allowed 1..8", field="compiles")
     dispatcher = make_dispatcher(config_from(args))
     md = dispatcher.get(args.model, input_shapes(args))

@@ -57,6 +57,12 @@ BURST = 3
 BURST_MS = 2.0
 COLD_MS = 5.0
 MAX_ROUNDS = 400
+# rotated compiles of each variant by default, and for a plan under LIGHT_MS (ms) a call: a
+# light model's sessions sit furthest apart (a 0.1 ms VAD's four: 0.100-0.112 ms) and each
+# costs milliseconds to make
+COMPILES = 4
+LIGHT_COMPILES = 8
+LIGHT_MS = 1.0
 # the most calls of each compile when the plan is timed alone (a 10 µs model: 0.08 s of calls)
 MAX_SOLO_CALLS = 2000
 # a variant this many times slower than the plan is timed in the first CRAWL_ROUNDS rounds only
@@ -86,11 +92,12 @@ def _compile_whole(md: ModelDispatch, target: str) -> Runner:
 
 
 def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
-          budget_s: float = 0.3, compiles: int = 4) -> dict[str, Any]:
+          budget_s: float = 0.3, compiles: int | None = None) -> dict[str, Any]:
     """The bench JSON (`edgepilot bench --json`) for a prepared (or preparable) model.
 
     ``runs`` is the fewest rounds, ``budget_s`` the timed seconds every variant gets at least,
-    ``compiles`` how many fresh compiles of each variant the rounds rotate through.
+    ``compiles`` how many fresh compiles of each variant the rounds rotate through (None:
+    :data:`COMPILES`, or :data:`LIGHT_COMPILES` for a plan under :data:`LIGHT_MS` a call).
     """
     if md.compiled is None or md.plan is None:
         md.prepare()
@@ -134,6 +141,8 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     crawling = max(COLD_MS, CRAWL_FACTOR * est["plan"])
     crawl = {name for name, ms in est.items() if name != "plan" and ms > crawling
              and _call_ms(pool[name][0], feed) > crawling}
+    if compiles is None:
+        compiles = LIGHT_COMPILES if est["plan"] < LIGHT_MS else COMPILES
     asked = compiles
     compiles = compiles_that_fit(md.path.stat().st_size, len(pool) - len(crawl), compiles,
                                  psutil.virtual_memory().available)
