@@ -275,3 +275,30 @@ def test_recent_requests_used_when_no_dir(tmp_path: Path) -> None:
     # requests of other shapes only: generated
     got = pick(SPECS, SHAPES, {}, count=2, model="m", recent=recent[:1])
     assert got.source == "generated"
+
+
+def test_an_integer_input_computed_with_is_a_mask_whatever_its_name() -> None:
+    """A PyTorch export named its attention mask ``onnx::Unsqueeze_1``: drawn as small ids
+    (0..7) its softmax saturated and an int8 tagger 0.49 off on real text checked at 0.0. An
+    integer [batch, sequence] input no table is indexed by, whose values go into arithmetic
+    after a Cast, is a mask: ones."""
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 8])
+    model = _model(
+        [helper.make_node("Cast", ["onnx::Unsqueeze_1"], ["m"], to=TensorProto.FLOAT),
+         helper.make_node("Sub", ["one", "m"], ["inv"]),
+         helper.make_node("Mul", ["inv", "big"], ["bias"]),
+         helper.make_node("Add", ["scores", "bias"], ["y"]),
+         helper.make_node("Cast", ["lens"], ["lensf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["y", "lensf"], ["z"])],
+        [scores, helper.make_tensor_value_info("onnx::Unsqueeze_1", TensorProto.INT64, [1, 8]),
+         helper.make_tensor_value_info("lens", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+         numpy_helper.from_array(np.array(-10000.0, np.float32), "big")])
+    specs = [TensorSpec("scores", "float32", (1, 8)),
+             TensorSpec("onnx::Unsqueeze_1", "int64", (1, 8)), TensorSpec("lens", "int64", (1,))]
+    rules = onnx_rules(model, specs)
+    assert rules["onnx::Unsqueeze_1"].kind == "ones"
+    assert rules["lens"].kind == "ids"   # rank 1: a length, not a mask; the name rule stands
+    feed = generate(specs, {s.name: s.shape for s in specs}, rules, 1).feeds[0]
+    assert (feed["onnx::Unsqueeze_1"] == 1).all()

@@ -40,6 +40,8 @@ Feed = dict[str, np.ndarray]
 _PASS = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Slice",
          "Transpose", "Tile", "Concat", "Split", "Gather"}
 _MASK = re.compile(r"mask", re.I)
+# what an attention mask's values meet on its way into the scores (after Cast to float)
+_MASK_OPS = {"Sub", "Mul", "Where", "Not", "CumSum", "ReduceSum", "Less", "Greater", "And"}
 _TYPE_IDS = re.compile(r"token_?type|segment", re.I)
 _POSITIONS = re.compile(r"position", re.I)
 _RATE = re.compile(r"(^|_)(sr|sample_?rate|sampling_?rate)$", re.I)
@@ -147,9 +149,10 @@ def onnx_rules(model: Any, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
             t, seen = p.input[0], seen + 1
         return None
 
-    def walk(start: str) -> Rule | None:
+    def walk(start: str, rank: int) -> Rule | None:
         todo, seen = [start], {start}
         compared: list[float] = []
+        masks = False  # it reaches arithmetic on its values, as an attention mask does
         tables: list[int] = []  # every table it indexes: one input's channels may index
         while todo:             # tables of 139 and 6227 rows (a word segmenter's)
             t = todo.pop()
@@ -163,6 +166,7 @@ def onnx_rules(model: Any, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
                     other = n.input[1] if n.input[0] == t else n.input[0]
                     if other in consts:
                         compared.extend(float(v) for v in np.ravel(consts[other]))
+                masks = masks or n.op_type in _MASK_OPS
                 if n.op_type in _PASS and n.input and n.input[0] == t:
                     for o in n.output:
                         if o not in seen:
@@ -172,11 +176,18 @@ def onnx_rules(model: Any, specs: Sequence[TensorSpec]) -> dict[str, Rule]:
             return Rule("ids", high=min(tables))
         if compared:
             return Rule("choice", values=sorted(set(compared), reverse=True))
+        if masks and rank >= 2:
+            # a [batch, sequence] integer that no table is indexed by and whose values are
+            # computed with (``(1 - mask) * -10000``, a CumSum of positions): a mask, whatever
+            # its export called it (``onnx::Unsqueeze_1``). Drawn as small ids it was 0..7, the
+            # softmax saturated, and an int8 tagger 0.49 off on real text checked at 0.0
+            return Rule("ones")
         return None
 
     rules: dict[str, Rule] = {}
     for spec in specs:
-        rule = walk(spec.name) if not _is_float(spec.dtype) else None
+        rule = walk(spec.name, len(spec.shape) if spec.rank_known else 0) \
+            if not _is_float(spec.dtype) else None
         rules[spec.name] = rule or name_rule(spec)
     return rules
 
