@@ -41,6 +41,13 @@ def test_parse_shape_arg_bad(text: str) -> None:
     assert err.value.field == "input_shape"
 
 
+def test_a_dim_out_of_range_names_its_axis_and_its_value() -> None:
+    # "dim 0 out of range" read as the first axis where the second was a size of 0
+    with pytest.raises(PlanError) as err:
+        parse_shape_arg("audio=1x0")
+    assert "axis 1 is 0, out of range; allowed 1.." in err.value.message
+
+
 # ---- resolve_shapes -------------------------------------------------------------------------
 def test_fixed_dims_used_without_anything_given() -> None:
     assert resolve_shapes("cnn", IMAGE, {}) == {"x": (1, 3, 224, 224)}

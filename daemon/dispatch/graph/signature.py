@@ -47,10 +47,12 @@ def parse_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def check_dims(name: str, shape: Sequence[int], field: str) -> None:
-    bad = [d for d in shape if not 1 <= int(d) <= MAX_DIM]
+    bad = [(i, d) for i, d in enumerate(shape) if not 1 <= int(d) <= MAX_DIM]
     if bad:
-        raise PlanError(f"input {name!r}: dim {bad[0]} out of range; allowed 1..{MAX_DIM}",
-                        field=field)
+        # axis and value both named: "dim 0" read as the first axis where it was a size of 0
+        axis, value = bad[0]
+        raise PlanError(f"input {name!r}: axis {axis} is {value}, out of range; allowed "
+                        f"1..{MAX_DIM}", field=field)
 
 
 def shapes_of(inputs: Mapping[str, np.ndarray]) -> Shapes:
