@@ -175,3 +175,12 @@ def test_a_failure_at_shapes_given_for_open_dims_names_them() -> None:
     assert "'audio' [batch, 1, frames, 257] as 1x1x100x257" in hint
     assert "'embed' [batch, 64] as 2x64" in hint and "'sr'" not in hint  # fixed: not given
     assert given_dims_hint(Path("m.onnx"), specs[2:], {"sr": ()}) == ""
+
+
+def test_a_dim_given_to_a_scalar_input_says_how_a_scalar_is_written() -> None:
+    # swift-f0's fmin is rank 0: `--input-shape fmin=1` was refused without the way out
+    specs = [TensorSpec("fmin", "float32", ())]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("f0", specs, {"fmin": [1]})
+    assert "a scalar is written fmin= with no dims" in err.value.message
+    assert resolve_shapes("f0", specs, {"fmin": []}) == {"fmin": ()}

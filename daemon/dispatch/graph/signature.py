@@ -98,7 +98,9 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
         if len(shape) != len(spec.shape):
             raise PlanError(f"model {model!r} input {spec.name!r} has {len(spec.shape)} dims "
                             f"{_fmt(spec.shape)}; the shape given has {len(shape)}: "
-                            f"{'x'.join(map(str, shape)) or 'scalar'}", field="input_shape")
+                            f"{'x'.join(map(str, shape)) or 'scalar'}"
+                            + (f" (a scalar is written {spec.name}= with no dims)"
+                               if not spec.shape else ""), field="input_shape")
         for k, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
             if isinstance(want, int) and want > 0 and want != got:
                 raise PlanError(f"model {model!r} input {spec.name!r} dim {k} is fixed at "
