@@ -19,6 +19,9 @@ from edgepilot.backends.llamacpp.grammar import ANY_OBJECT, schema_grammar
 from edgepilot.errors import CommandError
 from edgepilot.serving.tools import ToolRequest, cut_call
 
+# where a response_format's JSON schema sits, as its errors name it
+SCHEMA_FIELD = "response_format.json_schema.schema"
+
 
 def response_format_params(fmt: dict[str, Any] | None) -> dict[str, Any]:
     """The grammar of OpenAI's ``response_format`` (``{}`` for plain text)."""
@@ -32,9 +35,9 @@ def response_format_params(fmt: dict[str, Any] | None) -> dict[str, Any]:
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise CommandError("response_format.json_schema.schema must be a JSON Schema object",
-                               field="response_format.json_schema.schema")
-        return {"grammar": schema_grammar(spec["schema"], "response_format.json_schema.schema")}
+            raise CommandError(f"{SCHEMA_FIELD} must be a JSON Schema object",
+                               field=SCHEMA_FIELD)
+        return {"grammar": schema_grammar(spec["schema"], SCHEMA_FIELD)}
     raise CommandError(f"response_format.type {kind!r} is not allowed; allowed \"text\", "
                        "\"json_object\", \"json_schema\"", field="response_format.type")
 
@@ -52,8 +55,7 @@ def response_format_schema(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def response_format_field(fmt: dict[str, Any] | None) -> str:
     """The field an error in :func:`response_format_schema`'s schema names."""
-    return "response_format.json_schema.schema" \
-        if (fmt or {}).get("type") == "json_schema" else "response_format"
+    return SCHEMA_FIELD if (fmt or {}).get("type") == "json_schema" else "response_format"
 
 
 def check_messages(messages: list[dict[str, Any]]) -> None:

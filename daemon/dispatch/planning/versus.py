@@ -300,7 +300,7 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                    f"{record['plan_ms']:.3f} ms against {record['single_ms']:.3f} ms whole, "
                    f"side by side (x{record['ratio']:.3f}, noise {record['noise']:.3f}): "
                    + ("not faster beyond the noise" if len(plan.segments) > 1
-                      or rival_wins(v.ratio, v.noise, margin)
+                      or rival_wins(v.ratio, v.noise, margin)  # faster, not only cheaper
                       else f"a tie, and {target} takes less CPU a run"))
     out.error, out.measured_ms, out.versus_single = check(single), v.single_ms, record
     return out, single
