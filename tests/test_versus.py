@@ -15,6 +15,7 @@ from edgepilot.dispatch.planning.versus import (
     ROUNDS,
     rival,
     rivals,
+    then_rivals,
     versus,
 )
 
@@ -80,6 +81,20 @@ def test_a_light_split_is_timed_against_every_light_whole_target() -> None:
     nothing = builder({})
     nothing.best_whole = lambda: None
     assert rivals(nothing, split) == []
+
+
+def test_a_single_target_that_beat_a_split_then_meets_its_own_rival() -> None:
+    # ppocr-rec (18 ms): its split lost to one thread, the best whole model by the profile,
+    # and the plan served one thread, 12% slower in the bench than two threads it never met
+    split = SimpleNamespace(segments=[(ONE, 0, 1), (FP32, 1, 2), (ONE, 2, 4)])
+    b = builder({ONE: 18.0, FP32: 19.0, INT8: 40.0})
+    b.best_whole = lambda: ONE
+    assert rivals(b, split) == [ONE]
+    assert then_rivals(b, split, plan_on(ONE), {ONE}) == [FP32]
+    assert then_rivals(b, split, plan_on(ONE), {ONE, FP32}) == []  # met already
+    # a one-target plan met its rivals already; a split kept (or beaten by a split) meets none
+    assert then_rivals(b, plan_on(INT8), plan_on(ONE), {ONE}) == []
+    assert then_rivals(b, split, split, {ONE}) == []
 
 
 def _sleeper(seconds: float, calls: list[int]) -> Any:
