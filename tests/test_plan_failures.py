@@ -458,3 +458,43 @@ def test_external_data_cut_short_is_told_so_not_blamed_on_the_shapes(tmp_path: P
     line = res.stderr.strip()
     assert "\n" not in line and "ext.onnx" in line and "shorter than the model says" in line
     assert "shapes given" not in line
+
+
+def nan_tail(path: Path) -> Path:
+    """x -> MatMul (finite) -> 0/0 (NaN everywhere on any input) -> MatMul -> y."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 256)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((256, 64)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Sub", ["h", "h"], ["zero"]),
+             helper.make_node("Div", ["zero", "zero"], ["nan"]),
+             helper.make_node("Add", ["h", "nan"], ["hn"]),
+             helper.make_node("MatMul", ["hn", "w2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "nan_tail", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_reference_output_with_no_finite_value_checks_no_other_precision(
+        tmp_path: Path) -> None:
+    """An output NaN everywhere on the calibration inputs (swift-f0 at generated fmin = fmax)
+    reads as error 0 for any precision NaN there too: such layers and the whole model stay on
+    the reference's precision, each exclusion saying why, and the plan still serves."""
+    res = cli(tmp_path, "plan", str(nan_tail(tmp_path / "nan_tail.onnx")), "--json")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    blind = [e for e in plan["exclusions"] if "not finite anywhere" in e["reason"]]
+    assert blind, plan["exclusions"]
+    assert all(e["target"].rsplit("/", 1)[1] != "fp32" and "\n" not in e["reason"]
+               for e in blind)
+    n = len(plan["layers"])
+    assert any(e["layers"] == [0, n] for e in blind)  # the whole model too
+    for e in blind:
+        assert all(plan["layers"][i]["target"] != e["target"] for i in range(*e["layers"]))
+    assert all(seg["target"].endswith("/fp32") for seg in plan["segments"]
+               if seg["layers"][1] == n)

@@ -34,7 +34,7 @@ from edgepilot.dispatch.measuring.timing import (
     median_ms,
     time_plan,
 )
-from edgepilot.dispatch.measuring.tolerance import output_error
+from edgepilot.dispatch.measuring.tolerance import output_error, unchecked
 from edgepilot.errors import EdgepilotError, PlanError
 
 log = logging.getLogger(__name__)
@@ -74,15 +74,9 @@ class Measurer:
         target begun that the budget has no room left for."""
         if not calibration:
             raise PlanError("profiling needs at least one calibration input", field="calibration")
-        self.part = part
-        self.backends = backends
-        self.targets = targets
-        self.reference = reference
-        self.calibration = calibration
-        self.runs = runs
-        self.warmup = warmup
-        self.metric = metric
-        self.progress = progress
+        self.part, self.backends, self.targets = part, backends, targets
+        self.reference, self.calibration = reference, calibration
+        self.runs, self.warmup, self.metric, self.progress = runs, warmup, metric, progress
         self.passes = max(1, passes)
         self._ref_envs: list[dict[str, np.ndarray]] | None = None
         self._env_ms: list[float] = []  # each calibration input's reference run
@@ -187,6 +181,12 @@ class Measurer:
         """:meth:`measure` of a compiled segment: its error, then its timing."""
         envs = self.error_envs()
         names = seg.outputs
+        blind = None if target.precision == self.reference.precision else next(
+            (n for env in envs if (n := unchecked(env, names)) is not None), None)
+        if blind is not None:
+            return Cell(None, reason=f"the reference's output {blind!r} is not finite anywhere "
+                        f"on the calibration inputs: {target.precision} cannot be checked "
+                        "against it (real samples: [dispatch] calibration_dir)")
         err, first_ms = 0.0, float("inf")
         for env in envs:
             t0 = time.perf_counter()
