@@ -399,4 +399,4 @@ def test_an_answer_past_its_share_of_the_context_ends_with_length(daemon: Daemon
     assert usage["prompt_tokens"] + usage["completion_tokens"] == share, usage
     # Ollama's ps says each request's context (what options.num_ctx asks for)
     ps = {m.model: m for m in ollama.Client(host=daemon.url).ps().models}
-    assert ps["smol"].context_length == share
+    assert ps["smol:latest"].context_length == share

@@ -55,7 +55,7 @@ def test_rss_returns_after_keep_alive_zero(daemon: DaemonProcess) -> None:
     worker = _worker_pid(daemon)
     assert worker is not None and psutil.pid_exists(worker)
     loaded = [m.model for m in client.ps().models]
-    assert loaded == ["smol"]
+    assert loaded == ["smol:latest"]  # tagged, as Ollama lists it
     assert client.generate(model="smol", prompt="", keep_alive=0).done_reason == "unload"
     assert client.ps().models == []
     after = _rss(daemon)

@@ -35,7 +35,8 @@ def test_a_load_past_the_limit_unloads_the_idle_model(daemon: DaemonProcess) -> 
     oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="-", max_retries=0)
 
     def loaded() -> list[str]:
-        ps = [m.model or "" for m in client.ps().models]
+        # Ollama lists names with their tag, OpenAI's ids are the configured names
+        ps = [(m.model or "").removesuffix(":latest") for m in client.ps().models]
         listed = sorted(m.id for m in oa.models.list().data
                         if (m.model_extra or {}).get("loaded"))
         assert listed == sorted(ps), (listed, ps)

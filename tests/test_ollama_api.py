@@ -55,8 +55,9 @@ def client(daemon: DaemonProcess) -> ollama.Client:
 
 def test_list_show_version(client: ollama.Client) -> None:
     models = {m.model: m for m in client.list().models}
-    assert set(models) == {"smol", "tiny", "emb"}
-    smol = models["smol"]
+    # tagged as Ollama lists them: clients check a model's full name against the listing
+    assert set(models) == {"smol:latest", "tiny:latest", "emb:latest"}
+    smol = models["smol:latest"]
     assert smol.details is not None and smol.details.family == "llama"
     assert smol.details.format == "gguf" and smol.size == smollm2_gguf().stat().st_size
     # what the file was made as (general.file_type 3) and its size label, as Ollama shows them
@@ -75,6 +76,26 @@ def test_list_show_version(client: ollama.Client) -> None:
     version = client._request_raw("GET", "/api/version").json()
     assert tuple(int(p) for p in version["version"].split(".")) >= (0, 6, 4)
     assert version["edgepilot"]
+
+
+def test_langchain_finds_each_model_by_the_name_ollama_lists(daemon: DaemonProcess) -> None:
+    """langchain-ollama, unmodified, checks the model's name against ``/api/tags`` before its
+    first call (as Open WebUI and Home Assistant compare a stored ``name:tag``): it refused
+    ``smol:latest`` while the listing said ``smol``."""
+    from langchain_core.messages import AIMessage
+    from langchain_ollama import ChatOllama, OllamaEmbeddings
+
+    for name in ("smol:latest", "smol"):
+        chat = ChatOllama(model=name, base_url=daemon.url, validate_model_on_init=True,
+                          temperature=0, num_predict=4)
+        answer = chat.invoke("Say hi.")
+        assert isinstance(answer, AIMessage) and answer.content
+        assert answer.usage_metadata and answer.usage_metadata["output_tokens"] >= 1
+    vectors = OllamaEmbeddings(model="emb:latest", base_url=daemon.url,
+                               validate_model_on_init=True).embed_documents(["edge", "board"])
+    assert len(vectors) == 2 and len(vectors[0]) == len(vectors[1]) > 0
+    with pytest.raises(ValueError, match="not found"):  # an unknown name is still unknown
+        ChatOllama(model="nosuch", base_url=daemon.url, validate_model_on_init=True)
 
 
 def test_browser_front_ends_get_cors_on_the_model_routes_only(daemon: DaemonProcess) -> None:
@@ -338,7 +359,9 @@ def test_num_ctx_is_bounded_by_the_memory_budget() -> None:
 
 
 def _loaded(client: ollama.Client) -> dict[str, ollama.ProcessResponse.Model]:
-    return {m.model or "": m for m in client.ps().models}
+    listed = client.ps().models
+    assert all((m.model or "").endswith(":latest") for m in listed)  # tagged, as Ollama's
+    return {(m.model or "").removesuffix(":latest"): m for m in listed}
 
 
 def test_keep_alive_zero_unloads_and_the_next_request_loads_again(client: ollama.Client

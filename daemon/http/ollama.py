@@ -30,7 +30,7 @@ from edgepilot.http.api import api_of
 from edgepilot.http.bodies import parse_json
 from edgepilot.http.client_gone import unless_client_leaves
 from edgepilot.http.embedding_shape import shortened
-from edgepilot.http.ollama_models import digest_of, model_details, show_info, tag_of
+from edgepilot.http.ollama_models import digest_of, model_details, show_info, tag_of, tagged
 from edgepilot.http.ollama_request import (
     ChatBody,
     Common,
@@ -301,7 +301,8 @@ async def ps(request: Request) -> Any:
         if lm.model.kind != "gguf":
             continue
         exe = lm.executable
-        out.append({"name": name, "model": name, "size": lm.memory_bytes, "size_vram": 0,
+        out.append({"name": tagged(name), "model": tagged(name), "size": lm.memory_bytes,
+                    "size_vram": 0,
                     "digest": digest_of(name, lm.model.path, lm.model.entry.sha256),
                     "details": model_details(lm.model.path, lm.model.kind),
                     "expires_at": iso_of(lm.expires_at()),

@@ -57,6 +57,13 @@ def _modified(path: Path) -> str:
     return datetime.fromtimestamp(mtime, UTC).isoformat().replace("+00:00", "Z")
 
 
+def tagged(name: str) -> str:
+    """``name`` as Ollama lists it: with a tag, ``:latest`` when it has none. Clients check a
+    model against the listing by its full name (langchain-ollama's ``validate_model_on_init``:
+    "Model 'smol:latest' not found ... Available local models: emb, smol")."""
+    return name if ":" in name else f"{name}:latest"
+
+
 def tag_of(gen: Generator, item: dict[str, Any]) -> dict[str, Any]:
     """Blocking (reads headers): one model of ``/api/tags`` from a registry listing item."""
     name = item["name"]
@@ -67,7 +74,8 @@ def tag_of(gen: Generator, item: dict[str, Any]) -> dict[str, Any]:
         size = path.stat().st_size
     except (ModelError, OSError):
         size = 0
-    return {"name": name, "model": name, "modified_at": _modified(path), "size": size,
+    return {"name": tagged(name), "model": tagged(name), "modified_at": _modified(path),
+            "size": size,
             "digest": digest_of(name, path, entry.sha256),
             "details": model_details(path, "gguf")}
 
