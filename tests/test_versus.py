@@ -145,7 +145,7 @@ def test_a_rival_whole_model_replaces_the_choice_beyond_noise_and_two_percent() 
 def test_at_equal_speed_the_target_taking_less_cpu_serves() -> None:
     """tashkeel's two-thread session tied the one-thread one side by side (x1.000) and kept
     the plan; the bench then ran the one-thread one 5% faster. A rival that takes at most
-    four fifths of the CPU a run replaces the choice when it is at most 1% slower; a rival
+    four fifths of the CPU a run replaces the choice when it is not slower; a rival
     taking as much CPU still has to win by the margin."""
     from types import SimpleNamespace
 
@@ -160,4 +160,6 @@ def test_at_equal_speed_the_target_taking_less_cpu_serves() -> None:
     assert rival_wins(1.0, 0.003, 0.05, is_cheaper=True)         # a tie: the cheaper serves
     assert rival_wins(1.0 + TIE, 0.0, 0.05, is_cheaper=True)
     assert not rival_wins(1.03, 0.0, 0.05, is_cheaper=True)      # 3% slower: the choice stands
+    # MTCNN O-Net's one-thread session, 0.9% slower side by side, ran 5.5% slower in the bench
+    assert not rival_wins(1.009, 0.006, 0.05, is_cheaper=True)
     assert not rival_wins(1.0, 0.003, 0.05)                      # not cheaper: a tie stands
