@@ -229,10 +229,9 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     best: tuple[Plan, CompiledPlan] | None = None
     whole = builder.profile.extra.get("whole_ms", {})
     targets = rivals(builder, plan)
-    tried: set[str] = set()
+    queued = set(targets)  # every target met or to be met: none is timed twice
     while targets:
         target = targets.pop(0)
-        tried.add(target)
         current, running = best or (plan, compiled)
         need_s = (1 + 2 * MIN_ROUNDS) * max(whole.get(target, 0.0), current.predicted_ms) / 1e3
         if deadline is not None and time.monotonic() + need_s > deadline:
@@ -246,7 +245,9 @@ def single_instead(name: str, builder: CostBuilder, part: Partition, plan: Plan,
             if best is not None:
                 best[1].close()  # an earlier winner, beaten in turn
             best = won
-            targets += then_rivals(builder, plan, won[0], tried | set(targets))
+            more = then_rivals(builder, plan, won[0], queued)
+            targets += more
+            queued.update(more)
     return best
 
 
