@@ -522,3 +522,30 @@ def test_a_bad_answer_schema_beside_tools_names_its_own_field() -> None:
     fine = tool_request(messages, tools, "auto", None, answer={"type": "object"},
                         answer_field="format")
     assert fine.answer is not None and fine.probe is not None
+
+
+def test_an_agents_repeated_tools_are_converted_once_and_errors_each_time() -> None:
+    """An agent sends the same tools every turn: their grammar is kept by the schema's text
+    (in its key order: the order the grammar writes properties in), and a bad schema is
+    refused each time under the field of the request at hand."""
+    from edgepilot.backends.llamacpp.grammar import _cached_gbnf
+    from edgepilot.errors import CommandError
+
+    messages = [{"role": "user", "content": "hi"}]
+    tools = [_tool("HassTurnOn", "Turns on"), _tool("HassTurnOff", "Turns off")]
+    first = tool_request(messages, tools, "auto", None).params["grammar"]._grammar
+    hits = _cached_gbnf.cache_info().hits
+    again = tool_request(json.loads(json.dumps(messages)), json.loads(json.dumps(tools)),
+                         "auto", None).params["grammar"]._grammar
+    assert again == first and _cached_gbnf.cache_info().hits >= hits + 3  # 2 tools + the call
+    swapped = {"type": "object", "properties": {"b": {"type": "integer"},
+                                                "a": {"type": "string"}}}
+    one, other = schema_gbnf(swapped, "format"), schema_gbnf(
+        {"type": "object", "properties": dict(reversed(swapped["properties"].items()))},
+        "format")
+    assert "(b-kv b-rest" in one and "(a-kv a-rest" in other  # b first, as sent
+    bad = {"type": "object", "properties": {"w": {"type": "string", "pattern": r"\bword\b"}}}
+    for field in ("format", "format", "response_format.json_schema.schema"):
+        with pytest.raises(CommandError) as err:
+            schema_gbnf(bad, field)
+        assert err.value.field == field

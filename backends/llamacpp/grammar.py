@@ -9,6 +9,7 @@ only grammars that came out of the converter are ever passed on. The result is a
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -57,7 +58,27 @@ def schema_gbnf(schema: dict[str, Any], field: str) -> str:
     llama-cpp-python's converter resolves a ``$ref`` from the document's root but cannot
     start from one, nor follow ``#`` itself: a schema whose root is a ``$ref`` (pydantic's
     for a recursive model) or that refers to itself is converted as a definition of its own
-    (:func:`hoisted`) when it fails as it is."""
+    (:func:`hoisted`) when it fails as it is.
+
+    The last :data:`CACHED_SCHEMAS` grammars are kept by the schema's JSON text (in its own
+    key order, which is the order the grammar writes properties in): an agent sends the same
+    tools every turn, and checking and converting five of them took 20 ms a request here,
+    most of it ``jsonschema``'s meta-schema check. A schema that fails is checked again each
+    time, so its error names the field of the request at hand."""
+    if not isinstance(schema, dict):
+        check_schema(schema, field)  # its error, before JSON text is asked of it
+    return _cached_gbnf(json.dumps(schema), field)
+
+
+CACHED_SCHEMAS = 64
+
+
+@functools.lru_cache(maxsize=CACHED_SCHEMAS)
+def _cached_gbnf(text: str, field: str) -> str:
+    return _schema_gbnf(json.loads(text), field)
+
+
+def _schema_gbnf(schema: dict[str, Any], field: str) -> str:
     check_schema(schema, field)
     schema = _untyped_as_any(_no_empty_items(safe_patterns(schema, field)))
     try:
