@@ -232,8 +232,10 @@ def runnable_layers(part: Partition, backend: Backend, reference: Target,
                 exe.close()
         except EdgepilotError as exc:
             first = i if i + 1 < len(part.layers) else i - 1
-            notes.append(f"layer {i} runs with its neighbour: {reference} cannot run it "
-                         f"alone: {exc.message}")
+            # both indices and the count: read from a plan of one layer, "its neighbour"
+            # named a layer no longer there
+            notes.append(f"layers {first} and {first + 1} of {len(part.layers)} run as one: "
+                         f"{reference} cannot run layer {i} alone: {exc.message}")
             merge_layers(part, first)
             if first < i:  # the merged layer starts earlier: its inputs come from the start
                 env, i = dict(feed), 0
