@@ -275,6 +275,50 @@ def test_a_precision_recipe_that_changes_nothing_is_not_timed_again(
                                                           for r in table.cells]
 
 
+def test_an_int8_variant_the_quantizer_left_unchanged_is_the_fp32_twin(
+        tmp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
+    """The dynamic int8 quantizer leaves If/Loop bodies alone: a Silero VAD whose LSTM sits in
+    an ``If`` came back op for op the same, its bytes rewritten, and was timed and served as
+    ``int8`` doing fp32 work. Such a variant is the fp32 bytes, so a twin; a graph the
+    quantizer does change (a MatMul on constant weights) still gets its int8 model."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgepilot.backends.onnxrt_variants import VariantCache, model_bytes
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 16], np.random.default_rng(0)
+                           .standard_normal(256).astype(np.float32).tolist())
+    body = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["z"])], "then", [],
+                             [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16])])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "else", [],
+                              [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 16])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["h"], then_branch=body, else_branch=other),
+             helper.make_node("Sigmoid", ["h"], ["y"])]
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    graph = helper.make_graph(nodes, "gated", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 16])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 16])], [w, zero])
+    gated = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              ir_version=8)
+    cache = VariantCache(None, "test")
+    assert cache.get(gated, "int8-dynamic") == model_bytes(gated)
+    flat = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "flat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w]),
+        opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    assert "MatMulInteger" in {n.op_type for n in onnx.load_from_string(
+        cache.get(flat, "int8-dynamic")).graph.node}
+    # planned: the int8 whole model is the fp32 one's twin, carrying its figures
+    path = tmp_path / "gated.onnx"
+    onnx.save(gated, str(path))
+    table = Measurer(partition(path), {"onnxruntime": ort_backend}, [FP32, INT8], FP32,
+                     onnx_gen.sample_inputs(path, count=2), runs=3, warmup=1).table()
+    assert table.extra["whole_twins"] == {str(INT8): str(FP32)}
+
+
 def test_reference_tensors_kept_for_planning_do_not_hold_session_arenas(
         mlp_path: Path, ort_backend: OnnxRuntimeBackend) -> None:
     # an onnxruntime output is a view into its session's arena (a capsule as its base) and
