@@ -16,9 +16,10 @@ that chose among them had timed them warm; cold, its two-thread sessions led by 
 one-thread ones by 6-10%, and the bench scored the choice against the other regime.
 Medians are reported with the output error of each variant against the fp32 reference, plus the
 median over rounds of each variant's time divided by the plan's time in the same round
-(``paired_ratio``), which cancels most of the shared-board noise. The best single target is
-picked on the odd rounds and the plan's paired ratio against it taken on the even ones
-(:func:`held_out_best`).
+(``paired_ratio``), which cancels most of the shared-board noise. The plan's ratio against the
+best single target is held out from the pick and cross-fitted: picked on the odd rounds and
+scored on the even ones, picked on the even rounds and scored on the odd ones, the two scores
+averaged (:func:`held_out_best`).
 
 Each variant is compiled ``compiles`` times and round ``r`` runs compile ``(r // 2) % compiles``
 (odd and even rounds alike see every compile: with ``r % compiles`` the even rounds, which
@@ -64,8 +65,7 @@ BURST_MS = 2.0
 CRAWL_FLOOR_MS = 5.0
 MAX_ROUNDS = 400
 # rotated compiles of each variant by default, and for a plan under LIGHT_MS (ms) a call: a
-# light model's sessions sit furthest apart (a 0.1 ms VAD's four: 0.100-0.112 ms) and each
-# costs milliseconds to make
+# light model's sessions sit furthest apart (a 0.1 ms VAD's four: 0.100-0.112 ms)
 COMPILES = 4
 LIGHT_COMPILES = 8
 LIGHT_MS = 1.0
@@ -327,24 +327,24 @@ def _call_ms(fn: Runner, feed: dict[str, np.ndarray]) -> float:
 
 
 def held_out_best(times: dict[str, dict[int, float]], names: list[str]) -> tuple[str, float]:
-    """The best single target, picked on the odd rounds, and the plan's paired ratio against
-    it on the even rounds (the median of its time over the plan's, round by round).
-
-    Picked and scored on the same rounds, the lowest of several near-equal variants' medians
-    is low by its own noise (the winner's curse): a plan that is one of three sessions of the
-    same speed reads as losing to the luckiest of them. Held out, the ratio is the plan against
-    one target chosen beforehand, as a user choosing a single target would run it. With fewer
-    than two rounds of each, both are taken on every round.
-    """
+    """The best single target (picked on the odd rounds) and the plan's paired ratio against
+    it, cross-fitted: the odd rounds' pick scored on the even rounds, the even rounds' pick on
+    the odd ones (each the median of its time over the plan's, round by round), averaged.
+    Picked and scored on the same rounds, the lowest of near-equal variants is low by its own
+    noise (the winner's curse); scored on one half only, a plan that was its best single's
+    very target read 0.969 (1.002 on all rounds, 37 a half). Under two rounds each: all."""
     def med(name: str, parity: int | None) -> float:
         ts = [ms for r, ms in times[name].items() if parity is None or r % 2 == parity]
         return statistics.median(ts) if ts else float("inf")
 
-    split = all(len(times[n]) >= 2 for n in names)
-    best = min(names, key=lambda n: med(n, 1 if split else None))
-    scored = [ms / times["plan"][r] for r, ms in times[best].items()
-              if r in times["plan"] and (not split or r % 2 == 0)]
-    return best, round(statistics.median(scored), 3)
+    def scored(name: str, parity: int | None) -> float:
+        return statistics.median(ms / times["plan"][r] for r, ms in times[name].items()
+                                 if r in times["plan"] and (parity is None or r % 2 == parity))
+    if not all(len(times[n]) >= 2 for n in names):
+        best = min(names, key=lambda n: med(n, None))
+        return best, round(scored(best, None), 3)
+    picks = [min(names, key=lambda n: med(n, 1 - p)) for p in (0, 1)]
+    return picks[0], round(statistics.mean(scored(picks[p], p) for p in (0, 1)), 3)
 
 
 def _cpu_prediction(md: ModelDispatch, cpu_ms: float | None, wall_ms: float
