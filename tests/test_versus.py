@@ -129,16 +129,18 @@ def test_a_light_pair_gets_every_round_and_its_untimed_calls() -> None:
     assert 1 + 2 <= per_burst <= 1 + int(BURST_MS / 2.0)
 
 
-def test_a_rival_whole_model_replaces_the_choice_beyond_noise_and_two_percent() -> None:
+def test_a_rival_whole_model_faster_by_the_median_of_the_rounds_replaces_the_choice() -> None:
     """speech-embedding's cached plan kept cpu-1t while cpu ran 6% faster in the bench: the 5%
-    split margin let a whole-model rival 4-6% faster lose. Whole against whole, the noise of
-    the rounds and 2% decide."""
+    split margin let a whole-model rival 4-6% faster lose. Then 2% and the rounds' noise let
+    ppocr-rec's two-thread rival, 2-5% faster side by side, lose in four runs of five (the
+    bench: 0.948-0.968). Whole against whole, the faster by the rounds' median serves."""
     from edgepilot.dispatch.planning.versus import SWAP_MARGIN, rival_wins
 
-    assert SWAP_MARGIN == 0.02
+    assert SWAP_MARGIN == 0.005
     assert rival_wins(0.96, 0.01, 0.05)        # 4% faster, quiet rounds: it replaces
-    assert not rival_wins(0.985, 0.01, 0.05)   # within 2%: the choice stands
-    assert not rival_wins(0.96, 0.05, 0.05)    # within the rounds' noise: stands
+    assert rival_wins(0.985, 0.01, 0.05)       # 1.5% faster: it replaces too
+    assert rival_wins(0.975, 0.04, 0.05)       # noisy rounds: the median still decides
+    assert not rival_wins(0.997, 0.01, 0.05)   # within half a percent: the choice stands
     assert rival_wins(0.995, 0.0, 0.0) and not rival_wins(1.0, 0.0, 0.0)  # margin 0: any win
 
 
