@@ -61,13 +61,10 @@ RETRY_MAX_S = 1.5
 # whole models timed while other work ran: every target within this factor of the chosen one's
 # is a rival (a two-thread session read 1.45x the one-thread one under a build, 0.69x quiet)
 CONTENDED_WITHIN = 2.0
-# a rival whole model replaces the one chosen when it ran faster side by side by more than
-# this: whole against whole hides no hop or bookkeeping a prediction could have missed, and
-# the choice it challenges came from timings one after another, noisier than the side by
-# side. The rounds' noise no longer shields the choice: with 2% and the noise to beat,
-# ppocr-rec's two-thread rival, 2-5% faster side by side, lost to the one-thread session in
-# four runs of five and the bench read 0.948-0.968 of it. The median of the rounds is the best
-# guess either way, so the faster by it serves
+# a rival whole model replaces the one chosen when it ran faster side by side (the rounds'
+# median) by more than this: the choice came from timings one after another, noisier. With 2%
+# and the rounds' noise to beat, ppocr-rec's two-thread rival, 2-5% faster side by side, lost
+# in four runs of five (the bench: 0.948-0.968 of it)
 SWAP_MARGIN = 0.005
 # a kept verdict that came within CLOSE of a tie is timed again once it is older than
 # VERDICT_FRESH_S (s): two thread counts of one runtime 3% apart when planned read 26% apart
@@ -296,8 +293,14 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     whole_ms = float(builder.profile.extra.get("whole_ms", {}).get(target, plan.predicted_ms))
     single = CompiledPlan([CompiledSegment(target, 0, n, whole, exe, whole_ms)], part.outputs)
     if v is None:
-        v = versus(lambda f: compiled.run(f), lambda f: single.run(f), feed, margin,
-                   progress=progress, deadline=deadline)
+        mine = _fresh(plan, part, backends) if len(plan.segments) == 1 else None
+        runner = mine or compiled
+        try:
+            v = versus(lambda f: runner.run(f), lambda f: single.run(f), feed, margin,
+                       progress=progress, deadline=deadline)
+        finally:
+            if mine is not None:
+                mine.close()
         if len(plan.segments) == 1:  # a rival replaces a whole model only by winning
             v.keep_plan = not rival_wins(v.ratio, v.noise, margin,
                                          cheaper(builder, target, plan.segments[0][0]))
@@ -326,6 +329,20 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                       else f"a tie, and {target} takes less CPU a run"))
     out.error, out.measured_ms, out.versus_single = check(single), v.single_ms, record
     return out, single
+
+
+def _fresh(plan: Plan, part: Partition, backends: Mapping[str, Backend]) -> CompiledPlan | None:
+    """A fresh compile of a one-target plan's whole model for its side by side (None: its own).
+    The one it serves can be the profile's fastest session kept open (``take_spare``), picked
+    for its luck as much as its target's: ahead of fresh rivals, behind in fresh compiles."""
+    target, n = str(plan.segments[0][0]), len(part.layers)
+    whole = part.segment(0, n)
+    try:
+        exe = backends[Target.parse(target).backend].compile(whole, Target.parse(target))
+    except (EdgepilotError, KeyError):
+        return None
+    return CompiledPlan([CompiledSegment(target, 0, n, whole, exe, plan.predicted_ms)],
+                        part.outputs)
 
 
 def rival_wins(ratio: float, noise: float, margin: float, is_cheaper: bool = False) -> bool:
