@@ -270,7 +270,7 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
                ) -> tuple[Plan, CompiledPlan] | None:
     """``target`` whole against ``plan`` side by side: its plan when it wins (see
     :func:`single_instead`)."""
-    t, n = Target.parse(target), len(part.layers)
+    n = len(part.layers)
     # the verdict on this very pairing is kept with the profile: a restart, a plan from the
     # cache or one adopted from a board of the same kind serves what was decided, not what
     # one more noisy timing would say (nor compiles the single target to keep the split)
@@ -285,15 +285,16 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         if v.keep_plan:
             plan.versus_single = {k: prior[k] for k in prior if k != "segments"}
             return None
-    whole = part.segment(0, n)
-    try:
-        exe = backends[t.backend].compile(whole, t)
-    except (EdgepilotError, KeyError):
-        return None
     whole_ms = float(builder.profile.extra.get("whole_ms", {}).get(target, plan.predicted_ms))
-    single = CompiledPlan([CompiledSegment(target, 0, n, whole, exe, whole_ms)], part.outputs)
+    single = _whole(target, part, backends, whole_ms)
+    if single is None:
+        return None
     if v is None:
-        mine = _fresh(plan, part, backends) if len(plan.segments) == 1 else None
+        # a one-target plan's own session can be the profile's fastest, kept open
+        # (``take_spare``): picked for its luck among sessions as much as for its target, it
+        # met fresh rivals ahead and lost to them in the bench's fresh compiles
+        mine = _whole(str(plan.segments[0][0]), part, backends, plan.predicted_ms) \
+            if len(plan.segments) == 1 else None
         runner = mine or compiled
         try:
             v = versus(lambda f: runner.run(f), lambda f: single.run(f), feed, margin,
@@ -313,7 +314,7 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     if prior is None:
         keep_verdict(verdicts, {**record, "segments": segments, "at": round(time.time())})
     if v.keep_plan:
-        exe.close()
+        single.close()
         return None
     table = builder.table()
     # from the rounded record, as a verdict restored from the profile is: the same text
@@ -331,17 +332,15 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
     return out, single
 
 
-def _fresh(plan: Plan, part: Partition, backends: Mapping[str, Backend]) -> CompiledPlan | None:
-    """A fresh compile of a one-target plan's whole model for its side by side (None: its own).
-    The one it serves can be the profile's fastest session kept open (``take_spare``), picked
-    for its luck as much as its target's: ahead of fresh rivals, behind in fresh compiles."""
-    target, n = str(plan.segments[0][0]), len(part.layers)
-    whole = part.segment(0, n)
+def _whole(target: str, part: Partition, backends: Mapping[str, Backend],
+           ms: float) -> CompiledPlan | None:
+    """A fresh compile of ``target``'s whole model as a plan (None: it did not compile)."""
+    t, whole = Target.parse(target), part.segment(0, len(part.layers))
     try:
-        exe = backends[Target.parse(target).backend].compile(whole, Target.parse(target))
+        exe = backends[t.backend].compile(whole, t)
     except (EdgepilotError, KeyError):
         return None
-    return CompiledPlan([CompiledSegment(target, 0, n, whole, exe, plan.predicted_ms)],
+    return CompiledPlan([CompiledSegment(target, 0, len(part.layers), whole, exe, ms)],
                         part.outputs)
 
 
