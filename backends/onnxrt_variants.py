@@ -134,14 +134,7 @@ def make_variant(model: onnx.ModelProto, recipe: str, workdir: Path) -> onnx.Mod
 
 def _has_op(graph: onnx.GraphProto, op_type: str) -> bool:
     """Whether ``graph`` or any subgraph of it (Loop, If, Scan bodies) holds an ``op_type``."""
-    for node in graph.node:
-        if node.op_type == op_type:
-            return True
-        for attr in node.attribute:
-            subs = [attr.g] if attr.HasField("g") else list(attr.graphs)
-            if any(_has_op(sub, op_type) for sub in subs):
-                return True
-    return False
+    return _op_counts(graph)[op_type] > 0
 
 
 def _op_counts(graph: onnx.GraphProto, into: Counter[str] | None = None) -> Counter[str]:
