@@ -1,7 +1,7 @@
 """Benchmark the dispatcher on the real-model corpus: plan vs every single target vs raw runtime.
 
 Usage: .venv/bin/python bench/real_bench.py [--out bench/real_results.json] [--runs 30]
-       [--budget-s 0.3] [--state-dir DIR] [--only NAME[,NAME]]
+       [--budget-s 0.3] [--state-dir DIR] [--only NAME[,NAME]] [--manifest FILE --root DIR]
 
 For every model of ``tests/real_models.py`` (exported files shipped in registry packages), at
 its corpus input shapes: plan it with every target installed here (like ``edgepilot plan``),
@@ -11,6 +11,9 @@ whether layers differ in their best target at all (and the most a split could ga
 free: the best single target's layer sum over the sum of every layer's best cell), and the plan
 predicted vs measured. Plans and profiles are cached in the state dir (default
 ``~/.cache/edgepilot-bench``); ``--reprofile`` measures again.
+
+``--manifest`` benches other files instead of the corpus (held-out ones, a user's): a JSON list
+of ``{"name", "path", "what", "input_shapes"}``, each ``path`` relative to ``--root``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import gc
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,22 @@ from edgepilot.dispatch.bench import bench
 from edgepilot.dispatch.dispatcher import Dispatcher
 from edgepilot.dispatch.model_dispatch import ModelDispatch
 from edgepilot.errors import EdgepilotError
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file of a ``--manifest``: what :func:`run_one` reads of a corpus entry."""
+
+    name: str
+    path: Path
+    what: str
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+
+
+def listed(manifest: Path, root: Path) -> list[Listed]:
+    """The entries of a ``--manifest`` file, their paths under ``root``."""
+    return [Listed(e["name"], root / e["path"], e.get("what", ""), e.get("input_shapes", {}))
+            for e in json.loads(manifest.read_text())]
 
 
 def split_potential(md: ModelDispatch) -> dict[str, Any]:
@@ -52,7 +72,7 @@ def split_potential(md: ModelDispatch) -> dict[str, Any]:
             else None}
 
 
-def run_one(config: Config, model: RealModel, runs: int, budget_s: float,
+def run_one(config: Config, model: RealModel | Listed, runs: int, budget_s: float,
             reprofile: bool, compiles: int | None = None) -> dict[str, Any]:
     dispatcher = Dispatcher(config)
     shapes = {k: tuple(v) for k, v in model.input_shapes.items()} or None
@@ -119,13 +139,17 @@ def main() -> int:
     ap.add_argument("--compiles", type=int, default=None,
                     help="fresh compiles of each variant the rounds rotate through "
                          "(default: the bench's, 4 or 8 for a light plan)")
+    ap.add_argument("--manifest", help="a JSON list of files to bench instead of the corpus")
+    ap.add_argument("--root", default=".", help="the folder --manifest's paths are under")
     args = ap.parse_args()
     only = {n for n in args.only.split(",") if n}
     config = Config.model_validate({"daemon": {"state_dir": args.state_dir,
                                                "demo_models": False}})
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for model in [*CORPUS, *UNRUNNABLE]:
+    models: list[RealModel | Listed] = listed(Path(args.manifest), Path(args.root)) \
+        if args.manifest else [*CORPUS, *UNRUNNABLE]
+    for model in models:
         if only and model.name not in only:
             continue
         print(f"== {model.name}: {model.what}", file=sys.stderr, flush=True)

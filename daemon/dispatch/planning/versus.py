@@ -295,7 +295,7 @@ def _challenge(name: str, builder: CostBuilder, part: Partition, plan: Plan,
         # met fresh rivals ahead and lost to them in the bench's fresh compiles
         mine = _whole(str(plan.segments[0][0]), part, backends, plan.predicted_ms) \
             if len(plan.segments) == 1 else None
-        runner = mine or compiled
+        runner = mine if mine is not None else compiled
         try:
             v = versus(lambda f: runner.run(f), lambda f: single.run(f), feed, margin,
                        progress=progress, deadline=deadline)
