@@ -55,11 +55,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edgepilot.config import MqttSection
-from edgepilot.mqtt.client_setup import (
-    describe_closed_early,
-    describe_connect_error,
-    make_client,
-)
+from edgepilot.mqtt.client_setup import describe_closed_early, describe_connect_error, make_client
 from edgepilot.mqtt.outbox import Outbox, OutMessage
 from edgepilot.mqtt.takeover import Takeover, TakeoverGuard
 from edgepilot.mqtt.topics import Topics
@@ -384,12 +380,16 @@ class MqttLink:
                 self.client.disconnect()
                 self._call_soon(self._taken_over_on_loop, taken)
                 return
-            self.cut_in_flight += len(self._pending)
+            # counted on the loop, after the acks paho took before the loss (queued first)
+            self._call_soon(self._count_cut)
             log.warning("MQTT connection lost (%s); buffering until the broker is back", reason)
         elif not self._attempt_reported:
             self._attempt_reported = True
             self._failed(describe_closed_early(self._paho_error or str(reason),
                                                self.cfg.tls is not None), logging.WARNING)
+
+    def _count_cut(self) -> None:
+        self.cut_in_flight += len(self._pending)
 
     def _cb_publish(self, _c: mqtt.Client, _u: Any, mid: int, _r: Any, _p: Any) -> None:
         self._call_soon(self._acked_on_loop, mid)
