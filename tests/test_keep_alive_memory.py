@@ -72,7 +72,7 @@ def test_a_request_during_an_unload_succeeds(daemon: DaemonProcess) -> None:
     def long() -> None:
         parts = []
         for part in client.generate(model="smol", prompt="Once upon a time", raw=True, stream=True,
-                                    options={"num_predict": 60, "temperature": 0}):
+                                    options={"num_predict": 200, "temperature": 0}):
             started.set()
             parts.append(part)
         results["long"] = parts[-1]
@@ -80,6 +80,8 @@ def test_a_request_during_an_unload_succeeds(daemon: DaemonProcess) -> None:
     def unload() -> None:
         results["unload"] = client.generate(model="smol", prompt="", keep_alive=0)
 
+    # (200 tokens: the stream must outlast the unload request and the polls below, also on a
+    # machine generating several times faster than this one)
     first = threading.Thread(target=long)
     first.start()
     assert started.wait(60)
