@@ -58,6 +58,11 @@ def test_replan_without_gain_keeps_the_plan(mlp_path: Path,
                        [Target("onnxruntime", "cpu", "fp32"), Target("onnxruntime", "cpu", "int8")],
                        DispatchOptions(tolerance=0.1, runs=3, warmup=1), emit=events)
     plan = md.prepare()
+    # its side by sides decided: one timed while other work took the CPUs decides nothing, and
+    # a replan times it again (test_contention); on a busy machine prepare()'s can be such
+    assert md.builder is not None
+    for verdict in md.builder.profile.extra.get("versus_all", []):
+        verdict["contention"] = 0.0
     applied, again = md.replan("test")
     assert not applied and again.hash == plan.hash
     assert events.of("plan.changed") == []
@@ -65,7 +70,6 @@ def test_replan_without_gain_keeps_the_plan(mlp_path: Path,
     md.set_clocks({"cpu": 1.0}, "profile.applied")
     assert md.plan is not None and md.plan.hash == plan.hash
     # a forced replan after excluding the chosen target must move and announce it
-    assert md.builder is not None
     md.builder.excluded.add(plan.targets[0])
     applied, moved = md.replan("operator", force=True)
     assert applied and plan.targets[0] not in moved.targets
