@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -180,16 +181,21 @@ def _gguf_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
 
 
 def run_selftests(config: Config, names: list[str] | None = None,
-                  backend_of: Callable[[str], Backend] | None = None) -> list[BackendResult]:
+                  backend_of: Callable[[str], Backend] | None = None,
+                  stop: threading.Event | None = None) -> list[BackendResult]:
     """Probe every backend (or ``names``) and run the tiny model on each of its targets.
 
     ``backend_of`` gives the backend instance to probe (the daemon's own, one per runtime);
-    by default each is built here with its config section (``edgepilot doctor``)."""
+    by default each is built here with its config section (``edgepilot doctor``). Once
+    ``stop`` is set no further backend is probed (the results so far are returned): a daemon
+    stopped while probing would otherwise wait at exit for every probe left."""
     out: list[BackendResult] = []
     with tempfile.TemporaryDirectory(prefix="edgepilot-doctor-") as tmp:
         work = Path(tmp)
         order = [n for n in ("onnxruntime", "tflite", "armnn", "llamacpp") if n in BACKENDS]
         for name in names or order:
+            if stop is not None and stop.is_set():
+                break
             res = BackendResult(name, available=False)
             out.append(res)
             try:

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class ModelsService:
         self.run_blocking = run_blocking
         self._reaper: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._probes_stop = threading.Event()  # the probes' thread outlives a cancelled task
         self.failed: dict[str, str] = {}  # configured model -> why it did not load at start
 
     async def start(self) -> None:
@@ -86,9 +88,10 @@ class ModelsService:
         background; ``/readyz`` shows the results and says not ready when no target passed,
         which a daemon that can load its runtimes yet compute nothing would otherwise hide."""
         self.serving.targets = {"*": "probing"}
+        self._probes_stop = threading.Event()  # one per run: a stopped one stays stopped
         try:
             results = await self.run_blocking(
-                run_selftests, self.config(), None, self.backends.get)
+                run_selftests, self.config(), None, self.backends.get, self._probes_stop)
         except Exception as exc:
             log.exception("backend target probes could not run")
             self.serving.targets = {"*": f"probes could not run: {exc}"}
@@ -121,6 +124,7 @@ class ModelsService:
                 log.exception("keep-alive unload failed")
 
     async def stop(self) -> None:
+        self._probes_stop.set()
         for task in (self._reaper, self._prober):
             if task is not None and not task.done():
                 task.cancel()
