@@ -144,11 +144,11 @@ def bench(md: ModelDispatch, runs: int = 20, warmup: int = 3,
     # a variant far slower than the plan (a reference-kernel target: seconds a run) cannot
     # change the verdict: one compile, a few rounds, no more warm-ups. A first call can pay for
     # lazy set-up or a load spike: the plan and a variant that looks crawling are called again
-    # and their faster call decides (a variant wrongly taken for a crawler gets 3 rounds)
+    # and their fastest call decides (one wrongly taken for a crawler gets 3 rounds, 1 compile)
     est["plan"] = least_ms(pool["plan"][0], feed, est["plan"])
     crawling = max(CRAWL_FLOOR_MS, CRAWL_FACTOR * est["plan"])
     crawl = {name for name, ms in est.items() if name != "plan" and ms > crawling
-             and _call_ms(pool[name][0], feed) > crawling}
+             and least_ms(pool[name][0], feed, ms) > crawling}
     if compiles is None:
         compiles = LIGHT_COMPILES if est["plan"] < LIGHT_MS else COMPILES
     asked = compiles
