@@ -65,8 +65,8 @@ def test_probing_stops_before_the_next_backend_once_the_daemon_stops(tmp_path: P
         stop.set()  # the daemon stops while the first backend is probed
         return load_backend(name, config.backends.options_of(name))
 
-    results = run_selftests(config, None, backend_of, stop)
+    results = run_selftests(config, None, backend_of, stop.is_set)
     assert asked == ["onnxruntime"] and [r.name for r in results] == ["onnxruntime"]
     # the backend under way finished its probe: its results are whole, not cut
     assert results[0].targets and {t.status for t in results[0].targets} <= {"PASS", "SKIP"}
-    assert len(run_selftests(config, None, None, threading.Event())) > 1  # unset: every one
+    assert len(run_selftests(config, None, None, threading.Event().is_set)) > 1  # every one

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -182,19 +181,19 @@ def _gguf_probe(backend: Backend, targets: list[Target], work: Path) -> list[Tar
 
 def run_selftests(config: Config, names: list[str] | None = None,
                   backend_of: Callable[[str], Backend] | None = None,
-                  stop: threading.Event | None = None) -> list[BackendResult]:
+                  stopping: Callable[[], bool] | None = None) -> list[BackendResult]:
     """Probe every backend (or ``names``) and run the tiny model on each of its targets.
 
     ``backend_of`` gives the backend instance to probe (the daemon's own, one per runtime);
     by default each is built here with its config section (``edgepilot doctor``). Once
-    ``stop`` is set no further backend is probed (the results so far are returned): a daemon
-    stopped while probing would otherwise wait at exit for every probe left."""
+    ``stopping()`` says so no further backend is probed (the results so far are returned): a
+    daemon stopped while probing would otherwise wait at exit for every probe left."""
     out: list[BackendResult] = []
     with tempfile.TemporaryDirectory(prefix="edgepilot-doctor-") as tmp:
         work = Path(tmp)
         order = [n for n in ("onnxruntime", "tflite", "armnn", "llamacpp") if n in BACKENDS]
         for name in names or order:
-            if stop is not None and stop.is_set():
+            if stopping is not None and stopping():
                 break
             res = BackendResult(name, available=False)
             out.append(res)

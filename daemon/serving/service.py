@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +57,6 @@ class ModelsService:
         self.run_blocking = run_blocking
         self._reaper: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
-        self._probes_stop = threading.Event()  # the probes' thread outlives a cancelled task
         self.failed: dict[str, str] = {}  # configured model -> why it did not load at start
 
     async def start(self) -> None:
@@ -88,10 +86,10 @@ class ModelsService:
         background; ``/readyz`` shows the results and says not ready when no target passed,
         which a daemon that can load its runtimes yet compute nothing would otherwise hide."""
         self.serving.targets = {"*": "probing"}
-        self._probes_stop = threading.Event()  # one per run: a stopped one stays stopped
         try:
-            results = await self.run_blocking(
-                run_selftests, self.config(), None, self.backends.get, self._probes_stop)
+            # the probes' thread outlives this task's cancelling: it asks whether the daemon stops
+            results = await self.run_blocking(run_selftests, self.config(), None,
+                                              self.backends.get, lambda: self.readiness.stopping)
         except Exception as exc:
             log.exception("backend target probes could not run")
             self.serving.targets = {"*": f"probes could not run: {exc}"}
@@ -124,7 +122,6 @@ class ModelsService:
                 log.exception("keep-alive unload failed")
 
     async def stop(self) -> None:
-        self._probes_stop.set()
         for task in (self._reaper, self._prober):
             if task is not None and not task.done():
                 task.cancel()

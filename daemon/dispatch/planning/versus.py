@@ -123,9 +123,9 @@ def _side_by_side(plan: Runner, single: Runner, feed: dict[str, np.ndarray], mar
                   rounds: int, progress: Progress | None) -> Verdict:
     meter = OtherLoad()
     t0 = time.perf_counter()
-    one = max(burst_ms(partial(plan, feed), 1, warm=False), 1e-3)
+    one = burst_ms(partial(plan, feed), 1, warm=False)
     if one < HEAVY_CALL_MS:  # the faster of two sizes the bursts: one stall cuts them all
-        one = min(one, max(burst_ms(partial(plan, feed), 1, warm=False), 1e-3))
+        one = max(min(one, burst_ms(partial(plan, feed), 1, warm=False)), 1e-3)
     calls = max(1, min(MAX_CALLS, int(BURST_MS / one)))
     warm = one < HEAVY_CALL_MS
     p_times: list[float] = []
