@@ -118,7 +118,7 @@ def test_a_streamed_tool_call_arrives_as_function_call_events(oa: openai.OpenAI)
                              temperature=0, max_output_tokens=60) as stream:
         kinds = [e.type for e in stream]
         final = stream.get_final_response()
-    assert "response.function_call_arguments.delta" in kinds
+    assert kinds.count("response.function_call_arguments.delta") > 1  # as generated
     assert "response.function_call_arguments.done" in kinds
     call = next(o for o in final.output if o.type == "function_call")
     jsonschema.validate(json.loads(call.arguments), TOOLS[0]["parameters"])

@@ -83,9 +83,27 @@ def test_required_tool_call_round_trip_streamed_and_not(oa: openai.OpenAI) -> No
     assert choice.logprobs is not None and choice.logprobs.content
     assert [e for c in chunks if c.choices and c.choices[0].logprobs
             for e in c.choices[0].logprobs.content or []] == choice.logprobs.content
+    # the call is announced (its id and name) as soon as the model has written them, then
+    # its arguments follow as they are generated: they add up to the whole answer's
     streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
-    assert [(c.function.name, c.function.arguments) for c in streamed] \
-        == [(call.function.name, call.function.arguments)]  # type: ignore[union-attr]
+    assert streamed[0].id and streamed[0].function is not None
+    assert streamed[0].function.name == call.function.name  # type: ignore[union-attr]
+    assert len(streamed) > 3 and all(tc.index == 0 and tc.id is None for tc in streamed[1:])
+    assert json.loads("".join(tc.function.arguments or "" for tc in streamed if tc.function)) \
+        == json.loads(call.function.arguments)  # type: ignore[union-attr]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # the SDK's own stream helper reads it as it reads OpenAI's: argument deltas, then the call
+    with oa.chat.completions.stream(model="smol", messages=MESSAGES,  # type: ignore[arg-type]
+                                    tools=TOOLS, tool_choice="required",  # type: ignore[arg-type]
+                                    temperature=0, max_tokens=60) as helper:
+        kinds = [e.type for e in helper]
+        final = helper.get_final_completion()
+    assert kinds.count("tool_calls.function.arguments.delta") > 3
+    assert kinds.count("tool_calls.function.arguments.done") == 1
+    helped = (final.choices[0].message.tool_calls or [])[0]
+    assert helped.function.name == call.function.name  # type: ignore[union-attr]
+    assert json.loads(helped.function.arguments) \
+        == json.loads(call.function.arguments)  # type: ignore[union-attr]
     assert chunks[-1].usage is not None and got.usage is not None
     assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
     # the call and its result go back; the model answers (text or another call)
@@ -549,3 +567,22 @@ def test_an_agents_repeated_tools_are_converted_once_and_errors_each_time() -> N
         with pytest.raises(CommandError) as err:
             schema_gbnf(bad, field)
         assert err.value.field == field
+
+
+def test_a_tool_result_is_named_by_the_call_it_answers() -> None:
+    """OpenAI's tool messages carry the call's id, not the tool's name: the generic prompt
+    said "Result of the tool" for every result, and a model with two tools could not tell
+    which one answered."""
+    calls = [{"id": "call_a", "type": "function",
+              "function": {"name": "HassTurnOn", "arguments": '{"name": "Kitchen Light"}'}},
+             {"id": "call_b", "type": "function",
+              "function": {"name": "HassTurnOff", "arguments": '{"name": "Heater"}'}}]
+    messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_b", "content": "off"},
+                {"role": "tool", "tool_call_id": "call_a", "content": "on"},
+                {"role": "tool", "name": "HassTurnOn", "tool_call_id": "call_x", "content": "x"}]
+    got = tool_request(messages, TOOLS, "auto", None).messages
+    results = [m["content"] for m in got if m["role"] == "user"][-3:]
+    assert results[0].endswith("Result of HassTurnOff: off")
+    assert results[1] == "Result of HassTurnOn: on"
+    assert results[2].endswith("Result of HassTurnOn: x")

@@ -28,6 +28,7 @@ from edgepilot.command_registry import error_body
 from edgepilot.errors import CommandError, EdgepilotError, NotFoundError
 from edgepilot.formats.io import tensor_specs
 from edgepilot.http.api import api_of
+from edgepilot.http.call_chunks import streamed_calls
 from edgepilot.http.choices import chained, jobs_of, merged
 from edgepilot.http.client_gone import unless_client_leaves
 from edgepilot.http.embedding_shape import count_ok, shortened
@@ -154,8 +155,15 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
         if await tools.chooses_text(whole, params):  # then streamed as any chat
             return await _answer(request, req, "chat", [tools.messages],
                                  tools.text_params(params))
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream and not legacy:  # each call sent as it is generated
+            items = await gen.generate(req.model, "chat", tools.messages, params, stream=True)
+            assert not isinstance(items, dict)
+            return StreamingResponse(_sse(streamed_calls(items, tools), req.model, include),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         work = gen.generate(req.model, "chat", tools.messages, params)
-        result = await (work if req.stream else unless_client_leaves(request, work))
+        result = await unless_client_leaves(request, work)
         if isinstance(result, Response):  # the client left: nobody reads this
             return result
         assert isinstance(result, dict)
@@ -165,7 +173,6 @@ async def chat_completions(req: ChatRequest, request: Request) -> Any:
             as_function_call(result)
         if not req.stream:
             return JSONResponse(result)
-        include = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(whole_as_chunks(result, include),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

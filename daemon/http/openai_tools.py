@@ -2,11 +2,11 @@
 
 ``response_format`` becomes a llama.cpp grammar (:mod:`edgepilot.backends.llamacpp.grammar`:
 the schema is checked before llama.cpp sees it; a bad one is a 400 naming
-``response_format.json_schema.schema``). A chat with ``tools`` answered with calls is
-generated whole (the answer is parsed into ``tool_calls`` once complete, see
-:mod:`edgepilot.serving.tools`; a text answer under ``auto`` streams as any chat); a streamed
-one then sends that answer as OpenAI's chunks: the role and content or calls, the finish, the
-usage when asked for, ``[DONE]``.
+``response_format.json_schema.schema``). A chat with ``tools`` answered with calls is parsed
+into ``tool_calls`` (:mod:`edgepilot.serving.tools`; a text answer under ``auto`` streams as
+any chat); streamed, its calls are sent as they are generated
+(:mod:`edgepilot.http.call_chunks`), and the deprecated ``functions`` answer whole as OpenAI's
+chunks: the role and the call, the finish, the usage when asked for, ``[DONE]``.
 """
 
 from __future__ import annotations

@@ -178,11 +178,13 @@ def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: boo
                       ) -> list[dict[str, Any]]:
     text = GENERIC_PROMPT.format(tools=tools_json, otherwise=_OTHERWISE if auto else "")
     out: list[dict[str, Any]] = []
+    called: dict[str, str] = {}  # call id -> tool: OpenAI's tool messages carry the id only
     for m in messages:
         if m["role"] == "tool":
-            name = m.get("name") or "the tool"
+            name = m.get("name") or called.get(m.get("tool_call_id") or "") or "the tool"
             out.append({"role": "user", "content": f"Result of {name}: {m.get('content', '')}"})
         elif m["role"] == "assistant" and m.get("tool_calls"):
+            called.update((c.get("id") or "", c["function"]["name"]) for c in m["tool_calls"])
             calls = [json.dumps({"name": c["function"]["name"],
                                  "arguments": _arguments(c["function"].get("arguments"))})
                      for c in m["tool_calls"]]

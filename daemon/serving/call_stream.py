@@ -1,0 +1,96 @@
+"""A tool-call answer read while it is generated: whether it is a call yet, and the calls it has
+opened with their arguments' JSON text so far.
+
+Under a tools grammar (:mod:`edgepilot.serving.tools`) the model writes
+``{"name": <tool>, "arguments": <JSON>}``, alone or in a list, or (under ``auto``) a text or a
+JSON answer instead. A stream can announce a call once its name and the ``"arguments"`` key are
+written, and send the arguments as they grow: every text read here before a value ends is part
+of that value, so the pieces sent add up to the arguments the whole answer holds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+_NEXT = re.compile(r'\s*\}\s*,')  # a call closed and another one follows in the list
+_SPACE = re.compile(r"\s+")
+_DELIMITERS = ",}] \t\r\n"
+
+
+@dataclass(frozen=True)
+class OpenCall:
+    """A call as far as it is written: its tool, its arguments' text, whether that is whole."""
+
+    name: str
+    arguments: str
+    complete: bool
+
+
+def answer_kind(text: str, names: list[str]) -> str | None:
+    """``"call"`` once ``text`` opens a call of one of ``names``, ``"text"`` once it cannot be
+    one (a plain text, or JSON answering a schema), None while it may still be either."""
+    rest = text.lstrip()
+    rest = rest[1:] if rest.startswith("[") else rest
+    # whitespace only stands between a head's tokens (none is inside "name", a tool's name or
+    # "arguments"), so a head without it is one of these; squeezing an answer's strings as
+    # well can only make it wait longer, never make it a call
+    squeezed = _SPACE.sub("", rest)
+    if not squeezed:
+        return None
+    heads = [f'{{"name":"{n}","arguments":' for n in names]
+    if any(squeezed.startswith(h) for h in heads):
+        return "call"
+    return None if any(h.startswith(squeezed) for h in heads) else "text"
+
+
+def calls_so_far(text: str, names: list[str]) -> list[OpenCall]:
+    """The calls ``text`` has opened, in order (none while it opens no call of ``names``)."""
+    pos = len(text) - len(text.lstrip())
+    if text.startswith("[", pos):
+        pos += 1
+    calls: list[OpenCall] = []
+    while (m := _HEAD.match(text, pos)) is not None and m.group(1) in names:
+        end = value_end(text, m.end())
+        if end is None:
+            calls.append(OpenCall(m.group(1), text[m.end():], False))
+            break
+        calls.append(OpenCall(m.group(1), text[m.end():end], True))
+        follow = _NEXT.match(text, end)
+        if follow is None:
+            break
+        pos = follow.end()
+    return calls
+
+
+def value_end(text: str, start: int) -> int | None:
+    """Where the JSON value starting at ``start`` ends (the index after it), or None while it
+    is not whole yet."""
+    if start >= len(text):
+        return None
+    first = text[start]
+    if first not in "{[\"":
+        # a number, true, false or null ends where a delimiter follows it
+        return next((i for i in range(start, len(text)) if text[i] in _DELIMITERS), None)
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if depth == 0:  # the value was this string
+                    return i + 1
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None

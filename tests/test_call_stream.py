@@ -1,0 +1,154 @@
+"""Streamed tool calls: the answer's text, read as it is generated, sent as OpenAI's
+``tool_calls`` deltas that add up to the whole answer's calls (``http/call_chunks.py``).
+
+The chunks here are the backend's shape (llama-cpp-python's chat chunks, one token each);
+the whole path's parse of the same text is the reference for every answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+
+from edgepilot.http.call_chunks import streamed_calls
+from edgepilot.http.openai_tools import with_tool_calls
+from edgepilot.serving.call_stream import answer_kind, calls_so_far, value_end
+from edgepilot.serving.generate import StreamEnd
+from edgepilot.serving.tools import tool_request
+
+TOOLS = [{"type": "function", "function": {
+    "name": n, "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    for n in ("get_weather", "get_time")]
+ASK = [{"role": "user", "content": "Weather and time in Paris?"}]
+
+
+def _pieces(text: str) -> list[str]:
+    """The text cut as a tokenizer might: a few characters at a time, quotes and braces
+    sometimes alone, sometimes with their neighbours."""
+    out, i, k = [], 0, 0
+    while i < len(text):
+        n = 1 + (k * 7) % 4
+        out.append(text[i:i + n])
+        i, k = i + n, k + 1
+    return out
+
+
+def _stream(text: str, finish: str) -> list[dict[str, Any]]:
+    """Send ``text`` as a tools-grammar answer ending with ``finish``; the chunks sent."""
+    tools = tool_request(ASK, TOOLS, "auto", None)
+    chunks: list[Any] = [{"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                                  "finish_reason": None}]}]
+    for k, piece in enumerate(_pieces(text)):
+        chunks.append({"id": "c", "choices": [{
+            "index": 0, "delta": {"content": piece}, "finish_reason": None,
+            "logprobs": {"content": [{"token": piece, "logprob": -float(k)}]}}]})
+    chunks.append({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    chunks.append(StreamEnd({"completion_tokens": len(chunks) - 2}, {}))
+
+    async def items() -> AsyncGenerator[Any, None]:
+        for c in chunks:
+            yield c
+
+    async def run() -> list[Any]:
+        return [c async for c in streamed_calls(items(), tools)]
+
+    got = asyncio.run(run())
+    assert isinstance(got[-1], StreamEnd)
+    sent = got[:-1]
+    # every token's logprobs are sent once, in order, whatever chunk carries them
+    entries = [e for c in sent for e in (c["choices"][0].get("logprobs") or {}).get("content")
+               or []]
+    assert [e["token"] for e in entries] == _pieces(text)
+    assert sent[0]["choices"][0]["delta"]["role"] == "assistant"
+    return sent
+
+
+def _whole(text: str, finish: str) -> dict[str, Any]:
+    tools = tool_request(ASK, TOOLS, "auto", None)
+    result = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": finish}]}
+    return with_tool_calls(result, tools)["choices"][0]
+
+
+def _assembled(sent: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str, str | None]:
+    """What a client builds from the chunks: calls by index, content, finish reason."""
+    calls: dict[int, dict[str, Any]] = {}
+    content, finish = "", None
+    for chunk in sent:
+        choice = chunk["choices"][0]
+        content += choice["delta"].get("content") or ""
+        for tc in choice["delta"].get("tool_calls") or []:
+            slot = calls.setdefault(tc["index"], {"id": None, "name": "", "arguments": ""})
+            slot["id"] = slot["id"] or tc.get("id")
+            slot["name"] += tc.get("function", {}).get("name") or ""
+            slot["arguments"] += tc.get("function", {}).get("arguments") or ""
+        finish = choice.get("finish_reason") or finish
+    return [calls[k] for k in sorted(calls)], content, finish
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '[{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}"}}]',
+    '[ {"name":"get_weather","arguments":{"city":"Paris"}},\n {"name": "get_time", '
+    '"arguments": {}} ]',
+    # a repeated call is meant once, as the whole answer has it
+    '[{"name": "get_time", "arguments": {"city": "Oslo"}}, {"name": "get_time", '
+    '"arguments": {"city":"Oslo"}}, '
+    '{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+])
+def test_calls_add_up_to_the_whole_answers(text: str) -> None:
+    sent = _stream(text, "stop")
+    calls, content, finish = _assembled(sent)
+    whole = _whole(text, "stop")
+    assert finish == whole["finish_reason"] == "tool_calls" and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in whole["message"]["tool_calls"]]
+    assert all(c["id"].startswith("call_") for c in calls)
+    # the first call's arguments arrive in pieces, not whole at the end
+    first = [tc for c in sent for tc in c["choices"][0]["delta"].get("tool_calls") or []
+             if tc["index"] == 0]
+    assert first[0]["function"] == {"name": calls[0]["name"], "arguments": ""}
+    assert len(first) > 3
+
+
+@pytest.mark.parametrize("text", [
+    "Paris is sunny today.",
+    '{"city": "Paris", "temp": 21}',  # JSON answering a schema, not a call
+    '{"name": "Bob", "arguments": {}}',  # "name" opening it, but no tool of that name
+])
+def test_an_answer_that_is_no_call_is_content(text: str) -> None:
+    calls, content, finish = _assembled(_stream(text, "stop"))
+    whole = _whole(text, "stop")
+    assert calls == [] and content == text == whole["message"]["content"]
+    assert finish == whole["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "arguments": {"city": "Par',
+    '{"name": "get_weather"',  # cut before its arguments began
+])
+def test_a_call_cut_by_max_tokens_is_the_call_as_far_as_it_went(text: str) -> None:
+    calls, content, finish = _assembled(_stream(text, "length"))
+    whole = _whole(text, "length")
+    cut = whole["message"]["tool_calls"][0]["function"]
+    assert finish == whole["finish_reason"] == "length" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [(cut["name"], cut["arguments"])]
+
+
+def test_an_answer_is_a_call_only_once_its_head_is_written() -> None:
+    names = ["get_weather"]
+    assert [answer_kind(t, names) for t in ("", " [", '{"na', '[{"name": "get_w')] \
+        == [None] * 4
+    assert answer_kind('{"name": "get_weather", "arguments":', names) == "call"
+    assert answer_kind('{"name": "other"', names) == "text"
+    assert answer_kind("Sunny.", names) == "text"
+    assert calls_so_far('{"name": "get_weather", "arguments": {"city": "Pa', names)[0] \
+        .arguments == '{"city": "Pa'
+    # a value ends at its own close, not at a brace inside one of its strings
+    assert value_end('{"a": "}"} tail', 0) == 10
+    assert value_end('12, "b"', 0) == 2 and value_end("12", 0) is None
+    assert value_end('"a\\"b" x', 0) == 6
