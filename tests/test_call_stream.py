@@ -36,9 +36,13 @@ def _pieces(text: str) -> list[str]:
     return out
 
 
-def _stream(text: str, finish: str) -> list[dict[str, Any]]:
+# a template that renders tools and asks for each call inside <tool_call> tags (Hermes, Qwen)
+TAGGING = "{% for t in tools %}{{ t | tojson }}{% endfor %} Write <tool_call>{...}</tool_call>"
+
+
+def _stream(text: str, finish: str, template: str | None = None) -> list[dict[str, Any]]:
     """Send ``text`` as a tools-grammar answer ending with ``finish``; the chunks sent."""
-    tools = tool_request(ASK, TOOLS, "auto", None)
+    tools = tool_request(ASK, TOOLS, "auto", template)
     chunks: list[Any] = [{"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"},
                                                   "finish_reason": None}]}]
     for k, piece in enumerate(_pieces(text)):
@@ -66,8 +70,8 @@ def _stream(text: str, finish: str) -> list[dict[str, Any]]:
     return sent
 
 
-def _whole(text: str, finish: str) -> dict[str, Any]:
-    tools = tool_request(ASK, TOOLS, "auto", None)
+def _whole(text: str, finish: str, template: str | None = None) -> dict[str, Any]:
+    tools = tool_request(ASK, TOOLS, "auto", template)
     result = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                            "finish_reason": finish}]}
     return with_tool_calls(result, tools)["choices"][0]
@@ -87,6 +91,40 @@ def _assembled(sent: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str, s
             slot["arguments"] += tc.get("function", {}).get("arguments") or ""
         finish = choice.get("finish_reason") or finish
     return [calls[k] for k in sorted(calls)], content, finish
+
+
+TAGGED = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n</tool_call>',
+]
+
+
+@pytest.mark.parametrize("text", TAGGED)
+def test_calls_in_tags_add_up_to_the_whole_answers(text: str) -> None:
+    """Hermes and Qwen templates ask for each call inside <tool_call> tags: written so under
+    ``auto``, a call was taken for text (its first character is no ``{``) and came back as
+    ``content`` holding the tags."""
+    tools = tool_request(ASK, TOOLS, "auto", TAGGING)
+    assert tools.tagged and tool_request(ASK, TOOLS, "auto", None).tagged is False
+    calls, content, finish = _assembled(_stream(text, "stop", TAGGING))
+    whole = _whole(text, "stop", TAGGING)
+    assert finish == whole["finish_reason"] == "tool_calls" and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in whole["message"]["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"city": "Paris"})][:text.count("<tool_call>")]
+
+
+def test_a_template_rendering_calls_gets_their_arguments_as_objects() -> None:
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "get_time", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"}]
+    sent = tool_request(history, TOOLS, "auto", TAGGING).messages
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert history[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
 
 
 @pytest.mark.parametrize("text", [
@@ -130,10 +168,12 @@ def test_an_answer_that_is_no_call_is_content(text: str) -> None:
 @pytest.mark.parametrize("text", [
     '{"name": "get_weather", "arguments": {"city": "Par',
     '{"name": "get_weather"',  # cut before its arguments began
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
 ])
 def test_a_call_cut_by_max_tokens_is_the_call_as_far_as_it_went(text: str) -> None:
-    calls, content, finish = _assembled(_stream(text, "length"))
-    whole = _whole(text, "length")
+    template = TAGGING if text.startswith("<") else None
+    calls, content, finish = _assembled(_stream(text, "length", template))
+    whole = _whole(text, "length", template)
     cut = whole["message"]["tool_calls"][0]["function"]
     assert finish == whole["finish_reason"] == "length" and content == ""
     assert [(c["name"], c["arguments"]) for c in calls] == [(cut["name"], cut["arguments"])]
@@ -145,7 +185,9 @@ def test_an_answer_is_a_call_only_once_its_head_is_written() -> None:
         == [None] * 4
     assert answer_kind('{"name": "get_weather", "arguments":', names) == "call"
     assert answer_kind('{"name": "other"', names) == "text"
-    assert answer_kind("Sunny.", names) == "text"
+    assert answer_kind("Sunny.", names) == "text" and answer_kind("<b>Sunny", names) == "text"
+    assert [answer_kind(t, names) for t in ("<tool_", "<tool_call>\n{")] == [None] * 2
+    assert answer_kind('<tool_call>\n{"name": "get_weather", "arguments": ', names) == "call"
     assert calls_so_far('{"name": "get_weather", "arguments": {"city": "Pa', names)[0] \
         .arguments == '{"city": "Pa'
     # a value ends at its own close, not at a brace inside one of its strings

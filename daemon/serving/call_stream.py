@@ -2,8 +2,9 @@
 opened with their arguments' JSON text so far.
 
 Under a tools grammar (:mod:`edgepilot.serving.tools`) the model writes
-``{"name": <tool>, "arguments": <JSON>}``, alone or in a list, or (under ``auto``) a text or a
-JSON answer instead. A stream can announce a call once its name and the ``"arguments"`` key are
+``{"name": <tool>, "arguments": <JSON>}``, alone, in a list, or each inside ``<tool_call>`` tags
+(where the model's template asks for them), or (under ``auto``) a text or a JSON answer
+instead. A stream can announce a call once its name and the ``"arguments"`` key are
 written, and send the arguments as they grow: every text read here before a value ends is part
 of that value, so the pieces sent add up to the arguments the whole answer holds.
 """
@@ -14,7 +15,9 @@ import re
 from dataclasses import dataclass
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
-_NEXT = re.compile(r'\s*\}\s*,')  # a call closed and another one follows in the list
+# a call closed and another one follows, in a list or in tags
+_NEXT = re.compile(r'\s*\}\s*(?:,|</tool_call>\s*<tool_call>)')
+_TAG = "<tool_call>"
 _SPACE = re.compile(r"\s+")
 _DELIMITERS = ",}] \t\r\n"
 
@@ -32,7 +35,10 @@ def answer_kind(text: str, names: list[str]) -> str | None:
     """``"call"`` once ``text`` opens a call of one of ``names``, ``"text"`` once it cannot be
     one (a plain text, or JSON answering a schema), None while it may still be either."""
     rest = text.lstrip()
-    rest = rest[1:] if rest.startswith("[") else rest
+    if rest and len(rest) < len(_TAG) and _TAG.startswith(rest):
+        return None  # a tag being written
+    rest = rest[1:] if rest.startswith("[") else rest[len(_TAG):] if rest.startswith(_TAG) \
+        else rest
     # whitespace only stands between a head's tokens (none is inside "name", a tool's name or
     # "arguments"), so a head without it is one of these; squeezing an answer's strings as
     # well can only make it wait longer, never make it a call
@@ -50,6 +56,8 @@ def calls_so_far(text: str, names: list[str]) -> list[OpenCall]:
     pos = len(text) - len(text.lstrip())
     if text.startswith("[", pos):
         pos += 1
+    elif text.startswith(_TAG, pos):
+        pos += len(_TAG)
     calls: list[OpenCall] = []
     while (m := _HEAD.match(text, pos)) is not None and m.group(1) in names:
         end = value_end(text, m.end())

@@ -12,7 +12,9 @@ then generated without it, streamed as any chat (:meth:`ToolRequest.chooses_text
 ``"none"`` leaves the tools out.
 
 The prompt: a model whose chat template renders tools (its Jinja mentions ``tools``) gets them
-through its template, and the conversation's tool calls and tool results as they are. Any other
+through its template, and the conversation's tool calls (their arguments as objects) and tool
+results as they are; where that template asks for calls inside ``<tool_call>`` tags (Hermes,
+Qwen), the grammar takes them so too. Any other
 model gets the generic prompt, :data:`GENERIC_PROMPT` with the tools as JSON, at the start of
 the last user message (small models follow it there more than in a system prompt); its earlier
 calls are written back as that JSON and tool results become user messages
@@ -39,6 +41,8 @@ GENERIC_PROMPT = (
     "To call a tool, answer with only one JSON object: "
     "{{\"name\": <tool name>, \"arguments\": {{<arguments>}}}}.{otherwise}")
 _OTHERWISE = " If no tool fits, answer the user in plain text instead."
+TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
+_TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
 
 def chat_template_of(registry: ModelRegistry, name: str) -> str | None:
@@ -56,6 +60,20 @@ def template_renders_tools(template: str | None) -> bool:
     return bool(template) and "tools" in str(template)
 
 
+def tags_calls(template: str | None) -> bool:
+    """Whether a template that renders tools has its model write each call inside
+    ``<tool_call>`` tags (Hermes 2 Pro and 3, Qwen 2.5 and 3, SmolLM3 and their fine-tunes)."""
+    return template_renders_tools(template) and TAG_OPEN in str(template)
+
+
+def untagged(text: str) -> str:
+    """``<tool_call>{...}</tool_call>`` calls as the JSON list of them (the last one as far as
+    it was written); any other text as it is."""
+    if not text.lstrip().startswith(TAG_OPEN):
+        return text
+    return "[" + ", ".join(p.strip() for p in _TAGGED.findall(text)) + "]"
+
+
 @dataclass
 class ToolRequest:
     """A chat request's tools, ready for llama.cpp: messages, grammar, and the answer's parse."""
@@ -71,6 +89,7 @@ class ToolRequest:
     # tools wrote a call every time)
     probe: Any = None
     answer: Any = None
+    tagged: bool = False  # calls written inside <tool_call> tags, as the template asks
 
     @property
     def active(self) -> bool:
@@ -97,11 +116,15 @@ class ToolRequest:
                                 **({"grammar": self.probe} if self.probe is not None else {})})
         choice = (first.get("choices") or [{}])[0]
         text = (choice.get("message") or {}).get("content") or ""
+        if self.tagged:  # under its grammar, only the tags may follow a leading newline
+            return bool(text.strip()) and not text.lstrip().startswith(("{", "[", "<"))
         return bool(text) and not text.startswith(("{", "["))
 
     def parse(self, text: str) -> list[dict[str, Any]] | None:
         """The calls in a generated answer (OpenAI's shape, ``arguments`` a JSON string), or
         None for a plain-text answer."""
+        if self.tagged:
+            text = untagged(text)
         if not self.active or not text.lstrip().startswith(("{", "[")):
             return None
         try:
@@ -124,7 +147,8 @@ class ToolRequest:
                 for c in unique.values()]
 
 
-_NAME = re.compile(r'^\s*\[?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*(?:,\s*"arguments"\s*:\s*)?')
+_NAME = re.compile(r'^\s*(?:\[|<tool_call>)?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*'
+                   r'(?:,\s*"arguments"\s*:\s*)?')
 
 
 def cut_call(text: str, names: list[str]) -> dict[str, Any] | None:
@@ -172,6 +196,20 @@ def _arguments(text: Any) -> Any:
         return json.loads(text or "{}")
     except (json.JSONDecodeError, TypeError):
         return text  # a client's own malformed call: written back as it sent it
+
+
+def _objects_as_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """A message for a template that renders calls itself: each earlier call's ``arguments``
+    as the object it holds (OpenAI sends a JSON string; templates write ``arguments | tojson``
+    and expect an object, as Hugging Face's do: a string came out quoted and escaped)."""
+    if message.get("role") != "assistant" or not message.get("tool_calls"):
+        return dict(message)
+    calls = []
+    for c in message["tool_calls"]:
+        fn = dict(c.get("function") or {})
+        fn["arguments"] = _arguments(fn.get("arguments"))
+        calls.append({**c, "function": fn})
+    return {**message, "tool_calls": calls}
 
 
 def _generic_messages(messages: list[dict[str, Any]], tools_json: str, auto: bool
@@ -257,16 +295,23 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     more = ' ("," space call)*' if parallel else ""
     structured = _call_or_answer(dict(call), answer, parallel, field) \
         if auto and answer is not None else None
+    tagged = tags_calls(template)
     gbnf = schema_gbnf(call, field).replace("root ::=", "call ::=", 1) \
         + f'\nroot ::= call | "[" space call{more} "]" space'
+    if tagged:  # the model's own form: <tool_call>\n{...}\n</tool_call>, one after another
+        # a model may open its turn with a newline first (text may not)
+        gbnf += ' | tws tagged' + (" (tws tagged)*" if parallel else "") + " tws"
     # or text that does not start a JSON object, list or string: a model that opens a string
     # under auto means structured output too (SmolLM2-135M answered '"HassTurnOn"' to 2 of 10
     # home-automation requests; with text unable to open a string, 1 of them became a call)
     if auto:
-        gbnf += ' | text\ntext ::= [^{[" \\t\\n] [^\\x00]*'
+        gbnf += ' | text\ntext ::= [^{["' + ("<" if tagged else "") + ' \\t\\n] [^\\x00]*'
+    if tagged:
+        gbnf += (f'\ntagged ::= "{TAG_OPEN}" tws call tws "{TAG_CLOSE}"'
+                 "\ntws ::= [ \\t\\n]{0,4}")
     gbnf += "\n"
     if template_renders_tools(template):
-        out = [dict(m) for m in messages]
+        out = [_objects_as_arguments(m) for m in messages]
         params: dict[str, Any] = {"tools": tools}
     else:
         about = {t["function"]["name"]: t["function"].get("description") for t in tools}
@@ -275,10 +320,10 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         out, params = _generic_messages(messages, listing, auto), {}
     if structured is None:
         params["grammar"] = grammar_of(gbnf, "tools")
-        return ToolRequest([n for n, _ in declared], out, params, auto=auto)
+        return ToolRequest([n for n, _ in declared], out, params, auto=auto, tagged=tagged)
     assert answer_gbnf is not None
     params["grammar"] = grammar_of(structured, "tools")  # a JSON first token: call or answer
-    return ToolRequest([n for n, _ in declared], out, params, auto=auto,
+    return ToolRequest([n for n, _ in declared], out, params, auto=auto, tagged=tagged,
                        probe=grammar_of(gbnf, "tools"),
                        answer=grammar_of(answer_gbnf, answer_field))
 
