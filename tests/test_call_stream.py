@@ -156,6 +156,7 @@ def test_calls_add_up_to_the_whole_answers(text: str) -> None:
 @pytest.mark.parametrize("text", [
     "Paris is sunny today.",
     '{"city": "Paris", "temp": 21}',  # JSON answering a schema, not a call
+    '{"name": "get_weather", "temp": 21}',  # nor one whose "name" is a tool's
     '{"name": "Bob", "arguments": {}}',  # "name" opening it, but no tool of that name
 ])
 def test_an_answer_that_is_no_call_is_content(text: str) -> None:

@@ -136,8 +136,10 @@ class ToolRequest:
             # allowed several went on calling); else the text is returned as it is
             call = _complete_items(text)
         calls = call if isinstance(call, list) else [call]  # a list: one call or several
+        # a call holds its name and arguments only: a JSON answer (under an answer schema)
+        # may hold a "name" that happens to be a tool's
         if not calls or not all(isinstance(c, dict) and c.get("name") in self.names
-                                for c in calls):
+                                and set(c) <= {"name", "arguments"} for c in calls):
             return None
         unique = {json.dumps([c["name"], c.get("arguments") or {}], sort_keys=True): c
                   for c in calls}  # a model repeating a call means it once
