@@ -38,6 +38,9 @@ def _pieces(text: str) -> list[str]:
 
 # a template that renders tools and asks for each call inside <tool_call> tags (Hermes, Qwen)
 TAGGING = "{% for t in tools %}{{ t | tojson }}{% endfor %} Write <tool_call>{...}</tool_call>"
+# one that asks for the arguments under "parameters" (Llama 3.1-3.3)
+PARAMETERS = ("{% for t in tools %}{{ t | tojson }}{% endfor %} Respond in the format "
+              '{"name": function name, "parameters": dictionary of argument name and its value}.')
 
 
 def _stream(text: str, finish: str, template: str | None = None) -> list[dict[str, Any]]:
@@ -115,6 +118,26 @@ def test_calls_in_tags_add_up_to_the_whole_answers(text: str) -> None:
         for c in whole["message"]["tool_calls"]] == [
         ("get_weather", {"city": "Paris"}),
         ("get_time", {"city": "Paris"})][:text.count("<tool_call>")]
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    '[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
+    '{"name": "get_time", "parameters": {"city": "Paris"}}]',
+])
+def test_calls_with_their_arguments_under_parameters(text: str) -> None:
+    """Llama 3's templates ask for ``"parameters"``: the grammar forced ``"arguments"``
+    instead, a key the model was not trained to write."""
+    assert tool_request(ASK, TOOLS, "auto", PARAMETERS).key == "parameters"
+    assert tool_request(ASK, TOOLS, "auto", TAGGING).key == "arguments"
+    calls, content, finish = _assembled(_stream(text, "stop", PARAMETERS))
+    whole = _whole(text, "stop", PARAMETERS)
+    assert finish == whole["finish_reason"] == "tool_calls" and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in whole["message"]["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"city": "Paris"})][:text.count('"name"')]
 
 
 def test_a_template_rendering_calls_gets_their_arguments_as_objects() -> None:

@@ -56,6 +56,28 @@ For each call, write a JSON object inside tags:
 {%- endfor %}<|im_start|>assistant
 """
 
+# Llama 3's way, in ChatML for SmolLM2: the tools in the prompt, a call answered as
+# {"name": ..., "parameters": ...} with no tags, earlier calls written back so
+LLAMA3 = """{%- if tools %}<|im_start|>system
+You have access to these functions. To call one, respond with JSON in the format {"name": \
+function name, "parameters": dictionary of argument name and its value}. Do not use variables.
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{%- for c in m.tool_calls %}
+{%- if c.function.arguments is string %}{{ raise_exception('arguments is a string') }}{% endif %}
+{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}
+{%- endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>ipython
+{{ m.content }}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}<|im_start|>assistant
+"""
+
 TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
@@ -69,9 +91,12 @@ def daemon(module_tmp: Path) -> Iterator[DaemonProcess]:  # noqa: F811
     models.mkdir()
     shutil.copy(smollm2_gguf(), models / "smol.gguf")
     (models / "hermes.jinja").write_text(HERMES)
+    (models / "llama3.jinja").write_text(LLAMA3)
     d = start_daemon(module_tmp, "[backends.llamacpp]\nn_ctx = 1024\n"
                      '[[models]]\nname = "hermes"\nfile = "smol.gguf"\n'
-                     'chat_template = "hermes.jinja"\nload_at_start = false\n')
+                     'chat_template = "hermes.jinja"\nload_at_start = false\n'
+                     '[[models]]\nname = "llama3"\nfile = "smol.gguf"\n'
+                     'chat_template = "llama3.jinja"\nload_at_start = false\n')
     yield d
     assert d.stop() == 0
 
@@ -122,3 +147,30 @@ def test_calls_through_a_template_that_tags_them(oa: openai.OpenAI, daemon: Daem
         assert "<tool_call>" not in (answer.message.content or "")
     else:
         assert answer.message.content and not answer.message.content.startswith("<")
+
+
+def test_calls_through_a_template_asking_for_parameters(oa: openai.OpenAI) -> None:
+    """The model writes the key its template asks for; the call comes back as OpenAI's, its
+    arguments what it wrote under ``parameters``, and goes back to the template as the object
+    its ``parameters`` holds."""
+    for stream in (False, True):
+        kwargs: dict[str, Any] = dict(model="llama3", messages=ASK, tools=TOOLS,
+                                      tool_choice="required", temperature=0, max_tokens=40)
+        if stream:
+            chunks = list(oa.chat.completions.create(stream=True, **kwargs))
+            deltas = [tc for c in chunks if c.choices
+                      for tc in c.choices[0].delta.tool_calls or []]
+            assert deltas[0].function is not None and deltas[0].function.name == "get_weather"
+            arguments = "".join(tc.function.arguments or "" for tc in deltas if tc.function)
+        else:
+            got = oa.chat.completions.create(**kwargs)
+            call = (got.choices[0].message.tool_calls or [])[0]
+            assert got.choices[0].finish_reason == "tool_calls"
+            assert call.function.name == "get_weather"  # type: ignore[union-attr]
+            arguments = call.function.arguments  # type: ignore[union-attr]
+        assert set(json.loads(arguments)) == {"city"}
+    follow = [*ASK, got.choices[0].message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": '{"sky": "clear"}'}]
+    after = oa.chat.completions.create(model="llama3", messages=follow,  # type: ignore[arg-type]
+                                       tools=TOOLS, max_tokens=20, temperature=0)
+    assert after.choices[0].message.content or after.choices[0].message.tool_calls

@@ -4,7 +4,8 @@ opened with their arguments' JSON text so far.
 Under a tools grammar (:mod:`edgepilot.serving.tools`) the model writes
 ``{"name": <tool>, "arguments": <JSON>}``, alone, in a list, or each inside ``<tool_call>`` tags
 (where the model's template asks for them), or (under ``auto``) a text or a JSON answer
-instead. A stream can announce a call once its name and the ``"arguments"`` key are
+instead. A stream can announce a call once its name and the ``"arguments"`` key (``"parameters"``
+where the template asks for that, as Llama 3's do) are
 written, and send the arguments as they grow: every text read here before a value ends is part
 of that value, so the pieces sent add up to the arguments the whole answer holds.
 """
@@ -14,7 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parameters)"'
+                   r'\s*:\s*')
 # a call closed and another one follows, in a list or in tags
 _NEXT = re.compile(r'\s*\}\s*(?:,|</tool_call>\s*<tool_call>)')
 _TAG = "<tool_call>"
@@ -45,7 +47,7 @@ def answer_kind(text: str, names: list[str]) -> str | None:
     squeezed = _SPACE.sub("", rest)
     if not squeezed:
         return None
-    heads = [f'{{"name":"{n}","arguments":' for n in names]
+    heads = [f'{{"name":"{n}","{key}":' for n in names for key in ("arguments", "parameters")]
     if any(squeezed.startswith(h) for h in heads):
         return "call"
     return None if any(h.startswith(squeezed) for h in heads) else "text"

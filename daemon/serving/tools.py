@@ -43,6 +43,9 @@ GENERIC_PROMPT = (
 _OTHERWISE = " If no tool fits, answer the user in plain text instead."
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+# a JSON key as a template writes it, its quotes escaped inside a Jinja string or not
+_QUOTED_PARAMETERS = re.compile(r'\\?"parameters\\?"')
+_QUOTED_ARGUMENTS = re.compile(r'\\?"arguments\\?"')
 
 
 def chat_template_of(registry: ModelRegistry, name: str) -> str | None:
@@ -64,6 +67,17 @@ def tags_calls(template: str | None) -> bool:
     """Whether a template that renders tools has its model write each call inside
     ``<tool_call>`` tags (Hermes 2 Pro and 3, Qwen 2.5 and 3, SmolLM3 and their fine-tunes)."""
     return template_renders_tools(template) and TAG_OPEN in str(template)
+
+
+def arguments_key(template: str | None) -> str:
+    """The key a template has its model write a call's arguments under: ``parameters`` where
+    it asks for them so and never for ``arguments`` (Llama 3.1-3.3's ``{"name": function name,
+    "parameters": dictionary of argument name and its value}``), else ``arguments``."""
+    text = str(template or "")
+    if template_renders_tools(template) and _QUOTED_PARAMETERS.search(text) \
+            and not _QUOTED_ARGUMENTS.search(text):
+        return "parameters"
+    return "arguments"
 
 
 def untagged(text: str) -> str:
@@ -90,6 +104,7 @@ class ToolRequest:
     probe: Any = None
     answer: Any = None
     tagged: bool = False  # calls written inside <tool_call> tags, as the template asks
+    key: str = "arguments"  # the key of a call's arguments (see :func:`arguments_key`)
 
     @property
     def active(self) -> bool:
@@ -139,18 +154,18 @@ class ToolRequest:
         # a call holds its name and arguments only: a JSON answer (under an answer schema)
         # may hold a "name" that happens to be a tool's
         if not calls or not all(isinstance(c, dict) and c.get("name") in self.names
-                                and set(c) <= {"name", "arguments"} for c in calls):
+                                and set(c) <= {"name", self.key} for c in calls):
             return None
-        unique = {json.dumps([c["name"], c.get("arguments") or {}], sort_keys=True): c
+        unique = {json.dumps([c["name"], c.get(self.key) or {}], sort_keys=True): c
                   for c in calls}  # a model repeating a call means it once
         return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                  "function": {"name": c["name"],
-                              "arguments": json.dumps(c.get("arguments") or {})}}
+                              "arguments": json.dumps(c.get(self.key) or {})}}
                 for c in unique.values()]
 
 
 _NAME = re.compile(r'^\s*(?:\[|<tool_call>)?\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*'
-                   r'(?:,\s*"arguments"\s*:\s*)?')
+                   r'(?:,\s*"(?:arguments|parameters)"\s*:\s*)?')
 
 
 def cut_call(text: str, names: list[str]) -> dict[str, Any] | None:
@@ -282,10 +297,11 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
     for i, (_, schema) in enumerate(declared):
         if has_ref(schema):
             defs.update(hoisted(schema, f"tool{i}"))
+    key = arguments_key(template)
     call: dict[str, Any] = {"anyOf": [
-        {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+        {"type": "object", "additionalProperties": False, "required": ["name", key],
          "properties": {"name": {"const": name},
-                        "arguments": {"$ref": f"#/$defs/tool{i}"} if f"tool{i}" in defs
+                        key: {"$ref": f"#/$defs/tool{i}"} if f"tool{i}" in defs
                         else schema}}
         for i, (name, schema) in enumerate(declared)]}
     if defs:
@@ -322,10 +338,11 @@ def tool_request(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | N
         out, params = _generic_messages(messages, listing, auto), {}
     if structured is None:
         params["grammar"] = grammar_of(gbnf, "tools")
-        return ToolRequest([n for n, _ in declared], out, params, auto=auto, tagged=tagged)
+        return ToolRequest([n for n, _ in declared], out, params, auto=auto, tagged=tagged,
+                           key=key)
     assert answer_gbnf is not None
     params["grammar"] = grammar_of(structured, "tools")  # a JSON first token: call or answer
-    return ToolRequest([n for n, _ in declared], out, params, auto=auto, tagged=tagged,
+    return ToolRequest([n for n, _ in declared], out, params, auto=auto, tagged=tagged, key=key,
                        probe=grammar_of(gbnf, "tools"),
                        answer=grammar_of(answer_gbnf, answer_field))
 
