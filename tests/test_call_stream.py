@@ -218,3 +218,6 @@ def test_an_answer_is_a_call_only_once_its_head_is_written() -> None:
     assert value_end('{"a": "}"} tail', 0) == 10
     assert value_end('12, "b"', 0) == 2 and value_end("12", 0) is None
     assert value_end('"a\\"b" x', 0) == 6
+    # a string still open: its escaped quote, a trailing backslash, a brace inside it
+    assert value_end('{"a": "x\\"}', 0) is None and value_end('{"a": "x\\', 0) is None
+    assert value_end('{"a": "}', 0) is None and value_end('[{"a": ["]"]}, 2] x', 0) == 17

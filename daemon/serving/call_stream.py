@@ -21,7 +21,9 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"(?:arguments|parame
 _NEXT = re.compile(r'\s*\}\s*(?:,|</tool_call>\s*<tool_call>)')
 _TAG = "<tool_call>"
 _SPACE = re.compile(r"\s+")
-_DELIMITERS = ",}] \t\r\n"
+_PRIMITIVE_END = re.compile(r"[,}\]\s]")
+# a string (group 1: its closing quote, absent while it is being written) or a bracket
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:(")|\\?\Z)|[{}\[\]]', re.S)
 
 
 @dataclass(frozen=True)
@@ -76,31 +78,23 @@ def calls_so_far(text: str, names: list[str]) -> list[OpenCall]:
 
 def value_end(text: str, start: int) -> int | None:
     """Where the JSON value starting at ``start`` ends (the index after it), or None while it
-    is not whole yet."""
+    is not whole yet. Read a token at a time by a regular expression (a string whole, or a
+    bracket): a stream reads its text again at every token, and a Python loop over each
+    character of an 8.8 KB argument took 0.46 s of the event loop's time here."""
     if start >= len(text):
         return None
-    first = text[start]
-    if first not in "{[\"":
-        # a number, true, false or null ends where a delimiter follows it
-        return next((i for i in range(start, len(text)) if text[i] in _DELIMITERS), None)
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if depth == 0:  # the value was this string
-                    return i + 1
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
+    if text[start] not in "{[\"":
+        end = _PRIMITIVE_END.search(text, start)  # a number, true, false or null
+        return end.start() if end is not None else None
+    depth = 0
+    for token in _TOKEN.finditer(text, start):
+        if token.group()[0] == '"':
+            if token.group(1) is None:
+                return None  # a string still being written
+            if depth == 0:  # the value was this string
+                return token.end()
+            continue
+        depth += 1 if token.group() in "{[" else -1
+        if depth == 0:
+            return token.end()
     return None
