@@ -93,7 +93,8 @@ async def streamed_calls(items: AsyncGenerator[Any, None], tools: ToolRequest
             elif piece:
                 state.text += piece
                 held += piece
-                state.kind = answer_kind(state.text, tools.names)
+                if state.kind is None:  # decided once, not read again at every token
+                    state.kind = answer_kind(state.text, tools.names)
                 if state.kind == "text":
                     delta["content"], held = held, ""
                 elif state.kind == "call" and (calls := state.deltas()):
