@@ -96,6 +96,18 @@ def _assembled(sent: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str, s
     return [calls[k] for k in sorted(calls)], content, finish
 
 
+def _streamed_as_whole(text: str, template: str, count: int) -> None:
+    """``text``'s calls, streamed and whole, are the same: the first ``count`` of
+    get_weather and get_time on Paris."""
+    calls, content, finish = _assembled(_stream(text, "stop", template))
+    whole = _whole(text, "stop", template)
+    assert finish == whole["finish_reason"] == "tool_calls" and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in whole["message"]["tool_calls"]] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"city": "Paris"})][:count]
+
+
 TAGGED = [
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
@@ -110,14 +122,7 @@ def test_calls_in_tags_add_up_to_the_whole_answers(text: str) -> None:
     ``content`` holding the tags."""
     tools = tool_request(ASK, TOOLS, "auto", TAGGING)
     assert tools.tagged and tool_request(ASK, TOOLS, "auto", None).tagged is False
-    calls, content, finish = _assembled(_stream(text, "stop", TAGGING))
-    whole = _whole(text, "stop", TAGGING)
-    assert finish == whole["finish_reason"] == "tool_calls" and content == ""
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
-        (c["function"]["name"], json.loads(c["function"]["arguments"]))
-        for c in whole["message"]["tool_calls"]] == [
-        ("get_weather", {"city": "Paris"}),
-        ("get_time", {"city": "Paris"})][:text.count("<tool_call>")]
+    _streamed_as_whole(text, TAGGING, text.count("<tool_call>"))
 
 
 @pytest.mark.parametrize("text", [
@@ -130,14 +135,7 @@ def test_calls_with_their_arguments_under_parameters(text: str) -> None:
     instead, a key the model was not trained to write."""
     assert tool_request(ASK, TOOLS, "auto", PARAMETERS).key == "parameters"
     assert tool_request(ASK, TOOLS, "auto", TAGGING).key == "arguments"
-    calls, content, finish = _assembled(_stream(text, "stop", PARAMETERS))
-    whole = _whole(text, "stop", PARAMETERS)
-    assert finish == whole["finish_reason"] == "tool_calls" and content == ""
-    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
-        (c["function"]["name"], json.loads(c["function"]["arguments"]))
-        for c in whole["message"]["tool_calls"]] == [
-        ("get_weather", {"city": "Paris"}),
-        ("get_time", {"city": "Paris"})][:text.count('"name"')]
+    _streamed_as_whole(text, PARAMETERS, text.count('"name"'))
 
 
 def test_a_template_rendering_calls_gets_their_arguments_as_objects() -> None:

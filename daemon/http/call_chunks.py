@@ -29,34 +29,36 @@ class _Calls:
     def __init__(self, tools: ToolRequest) -> None:
         self.tools, self.text = tools, ""
         self.kind: str | None = None  # "call", "text", or None while it may be either
-        self.first = ""  # the first call's arguments sent so far
-        self.sent: list[str | None] = []  # per call of the answer: its key once sent whole
+        self.first: str | None = None  # the first call's arguments sent (None: not opened)
+        self.keys: list[str] = []  # the calls sent, each once whole: a repeat is not sent
+        self.read = 1  # the calls read so far (the first from its opening)
         self.logprobs: list[Any] = []
         self.role_sent = False
 
     def deltas(self) -> list[dict[str, Any]]:
         """The ``tool_calls`` deltas the text read so far adds."""
         out: list[dict[str, Any]] = []
-        for k, call in enumerate(calls_so_far(self.text, self.tools.names)):
-            if k == 0:
-                if not self.sent:
-                    self.sent.append(None)
-                    out.append(_opening(0, call.name))
-                if len(call.arguments) > len(self.first):
-                    out.append({"index": 0, "function": {
-                        "arguments": call.arguments[len(self.first):]}})
-                    self.first = call.arguments
-                if call.complete and self.sent[0] is None:
-                    self.sent[0] = _key(call)
-            elif k >= len(self.sent) and call.complete:
-                key = _key(call)
-                if key in self.sent:
-                    self.sent.append("")  # a repeat: read, not sent
-                    continue
-                index = len([s for s in self.sent if s])
-                self.sent.append(key)
-                out.append({**_opening(index, call.name), "function": {
+        calls = calls_so_far(self.text, self.tools.names)
+        if not calls:
+            return out
+        first = calls[0]
+        if self.first is None:
+            self.first = ""
+            out.append(_opening(0, first.name))
+        if len(first.arguments) > len(self.first):
+            out.append({"index": 0, "function": {
+                "arguments": first.arguments[len(self.first):]}})
+            self.first = first.arguments
+        if first.complete and not self.keys:
+            self.keys.append(_key(first))
+        for call in calls[self.read:]:  # later calls, each whole once it ends
+            if not call.complete:
+                break
+            self.read += 1
+            if (key := _key(call)) not in self.keys:
+                out.append({**_opening(len(self.keys), call.name), "function": {
                     "name": call.name, "arguments": call.arguments}})
+                self.keys.append(key)
         return out
 
 
@@ -117,7 +119,7 @@ async def streamed_calls(items: AsyncGenerator[Any, None], tools: ToolRequest
 def _finish(state: _Calls, finish: str, delta: dict[str, Any], held: str) -> str:
     """The last chunk: the finish reason of the whole answer (``tool_calls`` for calls; a call
     cut by ``max_tokens`` keeps ``length``), and anything held that was no call, as content."""
-    if state.kind == "call" and state.sent:
+    if state.kind == "call" and state.first is not None:
         return "tool_calls" if state.tools.parse(state.text) else finish
     if state.kind is None and finish == "length" \
             and (cut := cut_call(state.text, state.tools.names)) is not None:

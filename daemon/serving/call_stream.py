@@ -41,8 +41,7 @@ def answer_kind(text: str, names: list[str]) -> str | None:
     rest = text.lstrip()
     if rest and len(rest) < len(_TAG) and _TAG.startswith(rest):
         return None  # a tag being written
-    rest = rest[1:] if rest.startswith("[") else rest[len(_TAG):] if rest.startswith(_TAG) \
-        else rest
+    rest = text[_body_start(text):]
     # whitespace only stands between a head's tokens (none is inside "name", a tool's name or
     # "arguments"), so a head without it is one of these; squeezing an answer's strings as
     # well can only make it wait longer, never make it a call
@@ -57,11 +56,7 @@ def answer_kind(text: str, names: list[str]) -> str | None:
 
 def calls_so_far(text: str, names: list[str]) -> list[OpenCall]:
     """The calls ``text`` has opened, in order (none while it opens no call of ``names``)."""
-    pos = len(text) - len(text.lstrip())
-    if text.startswith("[", pos):
-        pos += 1
-    elif text.startswith(_TAG, pos):
-        pos += len(_TAG)
+    pos = _body_start(text)
     calls: list[OpenCall] = []
     while (m := _HEAD.match(text, pos)) is not None and m.group(1) in names:
         end = value_end(text, m.end())
@@ -74,6 +69,15 @@ def calls_so_far(text: str, names: list[str]) -> list[OpenCall]:
             break
         pos = follow.end()
     return calls
+
+
+def _body_start(text: str) -> int:
+    """Where the first call may begin: past leading whitespace and an opening ``[`` or tag."""
+    pos = len(text) - len(text.lstrip())
+    for opening in ("[", _TAG):
+        if text.startswith(opening, pos):
+            return pos + len(opening)
+    return pos
 
 
 def value_end(text: str, start: int) -> int | None:
